@@ -1,0 +1,222 @@
+"""The public Python API: load a target (and a draft) once, then stream, generate and chat many times.
+
+    import edgespec
+    rt = edgespec.load("qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b")
+    for event in rt.stream("def quicksort(xs):", edgespec.SamplingParams(temperature=0)):
+        print(event.text, end="", flush=True)
+
+CLI, TUI and bench are thin clients of :class:`Runtime`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgespec.backend import Model, gpu_offload_supported
+from edgespec.chat_template import render
+from edgespec.engine import Engine
+from edgespec.errors import EdgespecError
+from edgespec.events import Chunk, Event, Finished
+from edgespec.sampling import SamplingParams
+
+__all__ = ["Chunk", "Event", "Finished", "ModelInfo", "Runtime", "SamplingParams", "load"]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the status line shows about a loaded model."""
+
+    name: str
+    path: str
+    description: str  # llama.cpp's "arch size quant", e.g. "qwen2 1.5B Q4_K - Medium"
+    n_ctx: int
+    n_gpu_layers: int  # as asked; 0 = CPU
+    on_gpu: bool  # layers offloaded and the build supports it
+
+
+def _info(model: Model, name: str) -> ModelInfo:
+    return ModelInfo(
+        name=name,
+        path=str(model.path),
+        description=model.description,
+        n_ctx=model.n_ctx,
+        n_gpu_layers=model.n_gpu_layers,
+        on_gpu=model.n_gpu_layers != 0 and gpu_offload_supported(),
+    )
+
+
+class Runtime:
+    """A loaded target (+ optional draft model) and the engine that drives them."""
+
+    def __init__(
+        self, engine: Engine, *, target_name: str | None = None, draft_name: str | None = None
+    ) -> None:
+        self.engine = engine
+        self.target = _info(engine.target, target_name or engine.target.name)
+        self.draft = (
+            _info(engine.draft_model, draft_name or engine.draft_model.name) if engine.draft_model else None
+        )
+        self._lock = threading.Lock()
+        self._cancel: threading.Event | None = None
+
+    # ----- generation ----------------------------------------------------------------------------------------
+    def stream(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Event]:
+        """Yield :class:`Chunk` events as tokens are committed, then one :class:`Finished`.
+
+        A string prompt is tokenized with the model's special tokens (BOS where the model wants one).
+        ``cancel`` (or :meth:`cancel` from any thread) stops after the current round; the runtime stays usable.
+        """
+        params = params or SamplingParams()
+        tokens = self.engine.target.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        self._cancel = cancel or threading.Event()
+        return self.engine.stream(tokens, params, cancel=self._cancel)
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        cancel: threading.Event | None = None,
+        on_chunk: Callable[[Chunk], None] | None = None,
+    ) -> Finished:
+        """Run to the end and return the :class:`Finished` event (text, tokens, stats)."""
+        return _drain(self.stream(prompt, params, cancel=cancel), on_chunk)
+
+    def chat(
+        self,
+        messages: Sequence[dict],
+        params: SamplingParams | None = None,
+        *,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Event]:
+        """Stream the assistant's reply to ``messages`` (dicts with ``role`` and ``content``).
+
+        The whole conversation is rendered with the model's chat template each turn, but only the tokens after
+        the longest prefix already in the KV caches are decoded: a new turn costs its new tokens, not the history.
+        """
+        return self.stream(self.render_chat(messages), params, cancel=cancel)
+
+    def render_chat(self, messages: Sequence[dict]) -> list[int]:
+        model = self.engine.target
+        bos = model.token_text(model.vocab.bos) if model.vocab.bos >= 0 else ""
+        eos = model.token_text(model.vocab.eos) if model.vocab.eos >= 0 else ""
+        text = render(messages, model.chat_template, bos_token=bos, eos_token=eos)
+        # The template writes BOS itself when the model wants it; do not let the tokenizer add a second one.
+        tokens = model.tokenize(text, add_special=not (bos and text.startswith(bos)))
+        return tokens
+
+    def cancel(self) -> None:
+        """Stop the running request after its current round. Safe from any thread."""
+        if self._cancel is not None:
+            self._cancel.set()
+        self.engine.cancel()
+
+    # ----- facts and settings --------------------------------------------------------------------------------
+    @property
+    def context_used(self) -> int:
+        return len(self.engine.target.kv_tokens)
+
+    @property
+    def context_size(self) -> int:
+        return self.engine.target.n_ctx
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.engine.target.tokenize(text))
+
+    def set_draft_len(self, draft_len: int | str) -> None:
+        """``"auto"`` (the controller decides each round) or a fixed γ (0 turns speculation off)."""
+        self.engine.set_draft_len(draft_len)
+
+    @property
+    def draft_len(self) -> int | str:
+        return self.engine.draft_len
+
+    def close(self) -> None:
+        self.engine.target.close()
+        if self.engine.draft_model is not None:
+            self.engine.draft_model.close()
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _drain(events: Iterator[Event], on_chunk: Callable[[Chunk], None] | None = None) -> Finished:
+    for event in events:
+        if isinstance(event, Finished):
+            return event
+        if on_chunk is not None:
+            on_chunk(event)
+    raise EdgespecError("generation ended without a result")  # the engine always ends with Finished
+
+
+LoadProgress = Callable[[str, float], None]
+
+
+def load(
+    target: str | Path,
+    draft: str | Path | None = None,
+    *,
+    n_ctx: int = 4096,
+    n_gpu_layers: int = 0,
+    n_gpu_layers_draft: int | None = None,
+    n_threads: int | None = None,
+    draft_len: int | str = "auto",
+    lookup: bool = True,
+    p_min: float = 0.0,
+    progress: LoadProgress | None = None,
+    show_fetch_progress: bool = True,
+) -> Runtime:
+    """Resolve, check and load a target (and optional draft) model.
+
+    ``target``/``draft`` are paths or names from models.toml (fetched when missing). The GGUF headers
+    are checked and the two vocabularies compared *before* any weights load, so a bad pair fails in milliseconds.
+    ``n_gpu_layers_draft`` defaults to ``n_gpu_layers``. ``progress(stage, fraction)`` reports loading.
+    """
+    from edgespec.gguf_meta import check_vocab_compatible, preflight
+    from edgespec.registry import resolve_model
+
+    target_path = resolve_model(str(target), progress=show_fetch_progress)
+    draft_path = resolve_model(str(draft), progress=show_fetch_progress) if draft is not None else None
+    target_meta = preflight(target_path)
+    if draft_path is not None:
+        check_vocab_compatible(target_meta, preflight(draft_path))
+
+    def stage(name: str) -> Callable[[float], None] | None:
+        return (lambda f: progress(name, f)) if progress is not None else None
+
+    target_model = Model(
+        target_path, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, n_threads=n_threads, progress=stage("target")
+    )
+    draft_model = None
+    try:
+        if draft_path is not None:
+            draft_model = Model(
+                draft_path,
+                n_ctx=n_ctx,
+                n_gpu_layers=n_gpu_layers if n_gpu_layers_draft is None else n_gpu_layers_draft,
+                n_threads=n_threads,
+                progress=stage("draft"),
+            )
+        engine = Engine(target_model, draft_model, draft_len=draft_len, lookup=lookup, p_min=p_min)
+    except BaseException:
+        target_model.close()
+        if draft_model is not None:
+            draft_model.close()
+        raise
+    return Runtime(
+        engine,
+        target_name=str(target) if not Path(str(target)).exists() else None,
+        draft_name=(str(draft) if draft is not None and not Path(str(draft)).exists() else None),
+    )

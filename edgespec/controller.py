@@ -1,0 +1,427 @@
+"""Before every round, choose the drafter and the draft length γ that maximise expected tokens per second.
+
+The model of one round that drafts γ tokens with drafter ``d``:
+
+* every drafted position is accepted independently with probability α_d until the first rejection, so the
+  round commits ``E[tokens] = (1 - α^(γ+1)) / (1 - α)`` tokens (the accepted drafts plus the target's own);
+* it costs ``γ · c_d`` of drafting plus one target decode of ``b = γ + 1`` tokens, ``c_v(b)``.
+
+Plain decoding is the round with γ = 0: one token for ``c_v(1)``. All of α_d, c_d and the curve c_v(b) are
+measured online with exponentially decayed averages, so the choice follows the text (code vs prose) and the
+machine (on a CPU a 4-token verify costs ~2 single steps, on a GPU ~1). Estimates are never reset: one
+controller serves all requests of an engine.
+
+When one option wins, the others are no longer observed, so their estimates would freeze at whatever made
+them lose. Each idle drafter therefore earns an exploration credit, a fraction ``explore`` of the time spent,
+and is *probed* with a short draft once the credit pays for the probe's expected loss against the best
+option. A probe that does not change the decision halves that drafter's fraction (down to 1/8); one that does
+restores it. A drafter that sat out pays a catch-up on return (a draft model decodes the tokens it missed).
+That cost is measured apart from the per-token cost; up to ``catchup_allowance`` of a plain step per missed
+token is accepted as the price of keeping a drafter in the game, and any excess is charged to the probe, so a
+drafter whose catch-up costs more than exploring could ever pay for (the draft model on a CPU) is left alone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+LOOKUP = "lookup"  # the drafter whose proposal length per round is given to plan() (it is computed first)
+
+
+@dataclass(frozen=True)
+class Plan:
+    drafter: str | None  # "model", "lookup", or None (= plain decoding, γ=0)
+    gamma: int  # tokens to draft/verify (0 iff drafter is None)
+    reason: str = ""  # short human text: the estimates behind the choice
+
+    def __post_init__(self) -> None:
+        if self.gamma < 0 or (self.drafter is None) != (self.gamma == 0):
+            raise ValueError(f"a plan drafts (drafter set, gamma > 0) or not (None, 0); got {self!r}")
+
+
+class RoundController(Protocol):
+    """What the engine needs from :class:`Controller` and :class:`FixedController`."""
+
+    max_gamma: int
+
+    def plan(self, lookup_len: int = 0) -> Plan: ...
+
+    def observe(
+        self, plan: Plan, *, n_drafted: int, n_accepted: int, t_draft: float, t_verify: float
+    ) -> None: ...
+
+    @property
+    def plain_tokens_per_second(self) -> float: ...
+
+
+def expected_tokens(alpha: float, gamma: int) -> float:
+    """E[tokens committed] by a round drafting γ tokens at per-position acceptance α (γ=0: exactly 1)."""
+    if alpha >= 1.0:
+        return gamma + 1.0
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+# ----- estimators -------------------------------------------------------------------------------------------
+class DecayedRatio:
+    """Σ amounts / Σ counts with both sums decayed per update: a mean that forgets old samples geometrically.
+
+    As a ratio of sums it weighs samples by their count (a round of 6 drafted tokens says more about the
+    per-token cost than a round of 1) and tolerates zero-count samples (time spent for nothing).
+    """
+
+    def __init__(self, decay: float) -> None:
+        self.decay = decay
+        self._amount = 0.0
+        self._count = 0.0
+
+    def add(self, amount: float, count: float = 1.0) -> None:
+        self._amount = self._amount * self.decay + amount
+        self._count = self._count * self.decay + count
+
+    @property
+    def value(self) -> float | None:
+        return self._amount / self._count if self._count > 1e-9 else None
+
+
+class Acceptance:
+    """Per-position acceptance probability α: decayed successes / trials, plus a weak prior.
+
+    A round that drafted n and accepted k observed k successes and, if k < n, one failure; positions after the
+    first rejection were never tested. The decay is per observed position, so a long draft and a short probe
+    age the estimate by what they showed.
+    """
+
+    def __init__(self, prior: float, prior_weight: float, decay: float) -> None:
+        self.prior = prior
+        self.prior_weight = prior_weight
+        self.decay = decay
+        self._accepted = 0.0
+        self._rejected = 0.0
+
+    def forget(self, factor: float) -> None:
+        """Age the evidence without new observations (so it drifts back toward the prior)."""
+        self._accepted *= factor
+        self._rejected *= factor
+
+    def update(self, n_drafted: int, n_accepted: int) -> None:
+        rejected = 1 if n_accepted < n_drafted else 0
+        age = self.decay ** (n_accepted + rejected)
+        self._accepted = self._accepted * age + n_accepted
+        self._rejected = self._rejected * age + rejected
+
+    @property
+    def alpha(self) -> float:
+        total = self._accepted + self._rejected + self.prior_weight
+        return (self._accepted + self.prior * self.prior_weight) / total
+
+
+class VerifyCost:
+    """The target's cost of one decode of b tokens, c_v(b), from decayed per-b means.
+
+    An unseen b is read off the seen ones: interpolated between neighbours, extrapolated beyond the widest
+    with the least-squares slope (clamped >= 0), or, with only one width seen, from ``slope_prior``
+    (c_v(b) = c_v(1)·(1 + slope_prior·(b-1)), about what a CPU shows). Unseen widths are then made
+    ``optimism`` cheaper so that each gets tried once instead of being ruled out by a fit it might beat (a
+    CPU's 4-token decode is cheaper than its 3-token one).
+    """
+
+    def __init__(self, decay: float, slope_prior: float, optimism: float) -> None:
+        self.decay = decay
+        self.slope_prior = slope_prior
+        self.optimism = optimism
+        self._by_b: dict[int, DecayedRatio] = {}
+        self._curve: list[float] | None = None  # cached; dropped on every add
+
+    def add(self, b: int, seconds: float) -> None:
+        self._by_b.setdefault(b, DecayedRatio(self.decay)).add(seconds)
+        self._curve = None
+
+    def measured(self, b: int) -> float | None:
+        est = self._by_b.get(b)
+        return est.value if est is not None else None
+
+    def curve(self, max_b: int) -> list[float] | None:
+        """``[_, c_v(1), .., c_v(max_b)]`` (index 0 unused), or None before any measurement."""
+        if self._curve is not None and len(self._curve) > max_b:
+            return self._curve
+        seen = sorted((b, est.value) for b, est in self._by_b.items() if est.value is not None)
+        if not seen:
+            return None
+        slope = self._slope(seen)
+        known = dict(seen)
+        curve = [0.0]
+        for b in range(1, max_b + 1):
+            if b in known:
+                curve.append(known[b])
+            else:
+                curve.append(self._fill(b, seen, slope) * (1.0 - self.optimism))
+        self._curve = curve
+        return curve
+
+    def _slope(self, seen: list[tuple[int, float]]) -> float:
+        if len(seen) == 1:
+            b0, c0 = seen[0]
+            return self.slope_prior * c0 / (1.0 + self.slope_prior * (b0 - 1))
+        mean_b = sum(b for b, _ in seen) / len(seen)
+        mean_c = sum(c for _, c in seen) / len(seen)
+        cov = sum((b - mean_b) * (c - mean_c) for b, c in seen)
+        var = sum((b - mean_b) ** 2 for b, _ in seen)
+        return max(cov / var, 0.0)
+
+    @staticmethod
+    def _fill(b: int, seen: list[tuple[int, float]], slope: float) -> float:
+        lo = max((p for p in seen if p[0] < b), default=None)
+        hi = min((p for p in seen if p[0] > b), default=None)
+        if lo is not None and hi is not None:
+            return lo[1] + (hi[1] - lo[1]) * (b - lo[0]) / (hi[0] - lo[0])
+        if lo is not None:
+            return lo[1] + slope * (b - lo[0])
+        assert hi is not None
+        return max(hi[1] - slope * (hi[0] - b), 0.25 * hi[1])
+
+
+# ----- the controllers --------------------------------------------------------------------------------------
+@dataclass
+class _DrafterState:
+    acceptance: Acceptance
+    cost: DecayedRatio  # seconds per drafted token
+    catchup: DecayedRatio  # extra seconds per token committed while the drafter sat out
+    gap: int = 0  # tokens committed since the drafter last ran
+    credit: float = math.inf  # exploration seconds earned; inf until first measured
+    backoff: int = 0  # failed probes in a row (each halves the exploration fraction)
+
+
+@dataclass(frozen=True)
+class _Option:
+    drafter: str | None
+    gamma: int
+    rate: float  # expected tokens per second
+    tokens: float  # expected tokens per round
+    seconds: float  # expected seconds per round
+
+
+class Controller:
+    """Adaptive choice of drafter and γ per round from measured acceptance and costs (see the module doc).
+
+    ``drafters`` names the available drafters; the one named ``"lookup"`` can only draft what
+    :meth:`plan`'s ``lookup_len`` says it found, and its cost per token is assumed 0 until measured. Any
+    other (``"model"``) is measured by a short first draft right after the first plain round.
+    """
+
+    def __init__(
+        self,
+        drafters: Sequence[str],
+        *,
+        max_gamma: int = 8,
+        probe_gamma: int = 2,
+        alpha_prior: float = 0.6,
+        prior_weight: float = 2.0,
+        alpha_decay: float = 0.97,
+        idle_decay: float = 0.995,
+        cost_decay: float = 0.9,
+        verify_slope_prior: float = 0.5,
+        optimism: float = 0.25,
+        explore: float = 0.02,
+        max_backoff: int = 3,
+        catchup_allowance: float = 0.05,
+    ) -> None:
+        if max_gamma < 1 or probe_gamma < 1:
+            raise ValueError("max_gamma and probe_gamma must be >= 1")
+        if len(set(drafters)) != len(drafters):
+            raise ValueError(f"duplicate drafter names in {list(drafters)}")
+        self.drafters = tuple(drafters)
+        self.max_gamma = max_gamma
+        self.probe_gamma = min(probe_gamma, max_gamma)
+        self.explore = explore
+        self.idle_decay = idle_decay
+        self.max_backoff = max_backoff
+        self.catchup_allowance = catchup_allowance
+        self._verify = VerifyCost(cost_decay, verify_slope_prior, optimism)
+        self._state = {
+            d: _DrafterState(
+                Acceptance(alpha_prior, prior_weight, alpha_decay),
+                DecayedRatio(cost_decay),
+                DecayedRatio(cost_decay),
+            )
+            for d in self.drafters
+        }
+        self._probing: str | None = None  # the drafter of an unresolved probe
+        self._probe_accepted = False  # whether all its tokens were accepted
+
+    # ----- public ----------------------------------------------------------------------------------------
+    @property
+    def plain_tokens_per_second(self) -> float:
+        c1 = self._verify.measured(1)
+        return 1.0 / c1 if c1 else 0.0
+
+    def start_request(self) -> None:
+        """Optional hint that every drafter was just reset to a new prompt, so none has tokens to catch up."""
+        for st in self._state.values():
+            st.gap = 0
+
+    def alpha(self, drafter: str) -> float:
+        """The current acceptance estimate of ``drafter``."""
+        return self._state[drafter].acceptance.alpha
+
+    def plan(self, lookup_len: int = 0) -> Plan:
+        curve = self._verify.curve(self.max_gamma + 1)
+        if curve is None or self._verify.measured(1) is None:
+            return Plan(None, 0, "measuring the plain decode cost")
+        caps = {d: self._cap(d, lookup_len) for d in self.drafters}
+        plain = _Option(None, 0, 1.0 / curve[1], 1.0, curve[1])
+        best_draft: _Option | None = None
+        for d, cap in caps.items():
+            for g in range(1, cap + 1):
+                option = self._option(d, g, curve)
+                if option is not None and (best_draft is None or option.rate > best_draft.rate):
+                    best_draft = option
+        best = best_draft if best_draft is not None and best_draft.rate > plain.rate else plain
+
+        if self._probing is not None:
+            # A probe succeeded if it changed the decision or was accepted in full (a hint that the text has
+            # changed; probe again soon). Otherwise the next one waits longer.
+            st = self._state[self._probing]
+            if best.drafter == self._probing or self._probe_accepted:
+                st.backoff = 0
+            else:
+                st.backoff = min(st.backoff + 1, self.max_backoff)
+            self._probing = None
+
+        probe = self._pick_probe(best, caps, curve)
+        if probe is not None:
+            self._probing = probe.drafter
+            return Plan(probe.drafter, probe.gamma, "probe " + self._describe(probe, plain))
+        if best is plain:
+            why = f"plain est {plain.rate:.1f} tok/s"
+            if best_draft is not None:
+                why += f"; best draft {self._describe(best_draft, None)}"
+            return Plan(None, 0, why)
+        return Plan(best.drafter, best.gamma, self._describe(best, plain))
+
+    def observe(
+        self, plan: Plan, *, n_drafted: int, n_accepted: int, t_draft: float, t_verify: float
+    ) -> None:
+        if not 0 <= n_accepted <= n_drafted:
+            raise ValueError(f"need 0 <= n_accepted <= n_drafted, got {n_accepted}, {n_drafted}")
+        self._verify.add(n_drafted + 1, t_verify)
+        used = plan.drafter
+        st = self._state.get(used) if used is not None else None
+        if st is not None:
+            if used == self._probing:
+                self._probe_accepted = 0 < n_drafted == n_accepted
+            if n_drafted:
+                st.acceptance.update(n_drafted, n_accepted)
+            self._record_draft_cost(st, n_drafted, t_draft)
+            st.gap = 0
+            st.credit = 0.0
+        spent = t_draft + t_verify
+        for d, other in self._state.items():
+            if d != used:
+                other.acceptance.forget(self.idle_decay)
+                other.gap += n_accepted + 1
+                other.credit += self.explore / 2**other.backoff * spent
+
+    # ----- internals -------------------------------------------------------------------------------------
+    def _cap(self, drafter: str, lookup_len: int) -> int:
+        return min(self.max_gamma, max(lookup_len, 0)) if drafter == LOOKUP else self.max_gamma
+
+    def _draft_cost(self, drafter: str) -> float | None:
+        cost = self._state[drafter].cost.value
+        if cost is None and drafter == LOOKUP:
+            return 0.0  # an index lookup; measured once it runs
+        return cost
+
+    def _option(
+        self, drafter: str, gamma: int, curve: list[float], cost: float | None = None
+    ) -> _Option | None:
+        cost = self._draft_cost(drafter) if cost is None else cost
+        if cost is None:
+            return None
+        st = self._state[drafter]
+        tokens = expected_tokens(st.acceptance.alpha, gamma)
+        seconds = curve[gamma + 1] + gamma * cost
+        if st.gap > 2:
+            # Back after sitting out: the catch-up beyond the allowance (see the module doc) is charged to
+            # this round, so a drafter dear to bring back is not switched to on a marginal estimate.
+            excess = max((st.catchup.value or 0.0) - self.catchup_allowance * curve[1], 0.0)
+            seconds += st.gap * excess
+        return _Option(drafter, gamma, tokens / seconds, tokens, seconds)
+
+    def _pick_probe(self, best: _Option, caps: dict[str, int], curve: list[float]) -> _Option | None:
+        """The idle drafter whose credit covers a short draft's expected loss with the most to spare."""
+        chosen, spare = None, -math.inf
+        for d, cap in caps.items():
+            st = self._state[d]
+            if d == best.drafter or cap == 0:
+                continue
+            # A drafter never measured costs, for this purpose, a target step per token: its first probe is
+            # immediate (infinite credit), a retry (it drafted nothing) waits for credit like any probe.
+            cost = self._draft_cost(d)
+            option = self._option(d, min(self.probe_gamma, cap), curve, curve[1] if cost is None else cost)
+            assert option is not None
+            loss = option.seconds - option.tokens / best.rate
+            if st.credit >= loss and st.credit - loss > spare:
+                chosen, spare = option, st.credit - loss
+        return chosen
+
+    def _record_draft_cost(self, st: _DrafterState, n_drafted: int, t_draft: float) -> None:
+        per_token = st.cost.value
+        # A gap of a token or two is the usual pending input ([t] or [d_γ, t]), part of every round's cost.
+        if per_token is not None and st.gap > 2:
+            # The drafter first caught up on the tokens it missed; charge the excess to catch-up.
+            st.catchup.add(max(t_draft - n_drafted * per_token, 0.0), st.gap)
+            return
+        if per_token is None:
+            # First price. A long catch-up is counted as drafted tokens: better to underestimate, since a
+            # drafter that looks cheap gets used and re-measured, while one that looks dear is only probed.
+            if n_drafted:  # a round that drafted nothing cannot price a token
+                st.cost.add(t_draft, n_drafted + (st.gap if st.gap > 2 else 0))
+            return
+        # Time spent drafting nothing is overhead spread over the tokens drafted; a hiccup is clipped so that
+        # one slow round is not taken for a new cost level.
+        st.cost.add(min(t_draft, 3.0 * per_token * max(n_drafted, 1)), n_drafted)
+
+    def _describe(self, option: _Option, plain: _Option | None) -> str:
+        assert option.drafter is not None
+        head = f"{option.drafter} γ={option.gamma}"
+        if self._draft_cost(option.drafter) is None:
+            return f"{head}: measuring its cost"
+        alpha = self._state[option.drafter].acceptance.alpha
+        text = f"{head} α={alpha:.2f} est {option.rate:.1f} tok/s"
+        return text if plain is None else f"{text} vs plain {plain.rate:.1f}"
+
+
+class FixedController:
+    """``--draft-len G``: always the same drafter and γ (lookup capped at what it found; G=0: plain)."""
+
+    def __init__(self, drafter: str | None, gamma: int) -> None:
+        if gamma < 0:
+            raise ValueError(f"gamma must be >= 0, got {gamma}")
+        if gamma > 0 and drafter is None:
+            raise ValueError("a fixed gamma > 0 needs a drafter")
+        self.drafter = drafter if gamma > 0 else None
+        self.gamma = gamma
+        self.max_gamma = gamma
+        self._plain = DecayedRatio(0.9)
+
+    @property
+    def plain_tokens_per_second(self) -> float:
+        c1 = self._plain.value
+        return 1.0 / c1 if c1 else 0.0
+
+    def plan(self, lookup_len: int = 0) -> Plan:
+        if self.drafter is None:
+            return Plan(None, 0, "fixed: plain decoding")
+        gamma = min(self.gamma, lookup_len) if self.drafter == LOOKUP else self.gamma
+        if gamma <= 0:
+            return Plan(None, 0, "fixed: lookup found nothing")
+        return Plan(self.drafter, gamma, f"fixed: {self.drafter} γ={gamma}")
+
+    def observe(
+        self, plan: Plan, *, n_drafted: int, n_accepted: int, t_draft: float, t_verify: float
+    ) -> None:
+        if n_drafted == 0:
+            self._plain.add(t_verify)

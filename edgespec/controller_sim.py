@@ -1,0 +1,144 @@
+"""A round-level simulator for controllers: synthetic costs and acceptance, no models.
+
+Each simulated round asks the controller for a plan, drafts ``γ`` tokens (lookup: at most what it "found"),
+accepts each position with probability α until the first rejection, charges the profile's draft and verify
+costs, and reports it all back through ``observe``. Used by the controller's tests and to compare strategies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from edgespec.controller import LOOKUP, FixedController, Plan, RoundController, expected_tokens
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    """Seconds a machine spends: target decodes by width, drafting per token, catch-up after sitting out."""
+
+    t_token: float  # one target decode of one token
+    verify_mult: Mapping[int, float]  # b -> cost of one decode of b tokens in units of t_token (1 -> 1.0)
+    draft: Mapping[str, float]  # drafter -> seconds per drafted token
+    catchup: Mapping[str, float] = field(default_factory=dict)  # drafter -> seconds per token it missed
+    noise: float = 0.0  # sigma of a log-normal factor on every timing
+
+    def verify(self, b: int) -> float:
+        """c_v(b): measured points, linear in between and beyond the last two."""
+        points = sorted({1: 1.0, **self.verify_mult}.items())
+        for (b0, m0), (b1, m1) in zip(points, points[1:], strict=False):
+            if b <= b1:
+                return self.t_token * (m0 + (m1 - m0) * (b - b0) / (b1 - b0))
+        (b0, m0), (b1, m1) = points[-2], points[-1]
+        return self.t_token * (m1 + (m1 - m0) / (b1 - b0) * (b - b1))
+
+
+# The 1.5B/0.5B Qwen2.5-Coder pair on the 2-core dev CPU (DESIGN.md, "Facts measured on this machine"): a wide
+# verify is far from free and the draft costs half a target step. Catch-up is batched, near the draft's
+# prefill rate.
+CPU_PROFILE = CostProfile(
+    t_token=0.0789,
+    verify_mult={2: 1.57, 3: 2.15, 4: 1.99, 5: 2.63, 8: 5.07, 16: 6.06},
+    draft={"model": 0.0406, LOOKUP: 0.00005},
+    catchup={"model": 1 / 93},
+)
+
+# A GPU-like machine: verify width nearly free; a small draft is latency-bound, a third of a target step.
+GPU_PROFILE = CostProfile(
+    t_token=0.010,
+    verify_mult={2: 1.02, 4: 1.06, 8: 1.15, 16: 1.35},
+    draft={"model": 0.0035, LOOKUP: 0.00005},
+    catchup={"model": 0.0002},
+)
+
+AlphaSchedule = Mapping[str, float] | Callable[[int], Mapping[str, float]]  # fixed, or by tokens generated
+LookupSchedule = int | Callable[[np.random.Generator], int]  # tokens the lookup drafter has each round
+
+
+@dataclass
+class SimResult:
+    tokens: int = 0
+    seconds: float = 0.0
+    rounds: list[tuple[int, Plan]] = field(default_factory=list)  # (tokens generated before it, plan)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    def share(self, drafter: str | None, since: int = 0, until: int | None = None) -> float:
+        """Fraction of the rounds between token counts [since, until) whose plan used ``drafter``."""
+        picked = [p for t, p in self.rounds if t >= since and (until is None or t < until)]
+        return sum(p.drafter == drafter for p in picked) / len(picked) if picked else 0.0
+
+
+def simulate(
+    controller: RoundController,
+    profile: CostProfile,
+    alpha: AlphaSchedule,
+    *,
+    n_tokens: int = 5000,
+    lookup_len: LookupSchedule = 0,
+    seed: int = 0,
+) -> SimResult:
+    """Run rounds until ``n_tokens`` are generated; return the totals and every round's plan."""
+    rng = np.random.default_rng(seed)
+    result = SimResult()
+    gap: dict[str, int] = {}  # tokens each drafter missed since it last ran
+    while result.tokens < n_tokens:
+        found = lookup_len(rng) if callable(lookup_len) else lookup_len
+        plan = controller.plan(found)
+        d = plan.drafter
+        gamma = min(plan.gamma, found) if d == LOOKUP else plan.gamma
+        alphas = alpha(result.tokens) if callable(alpha) else alpha
+        accepted = _accepted(rng, alphas.get(d, 0.0), gamma) if d is not None else 0
+        t_draft = t_verify = 0.0
+        if d is not None:
+            t_draft = gamma * profile.draft[d] + gap.get(d, 0) * profile.catchup.get(d, 0.0)
+            gap[d] = 0
+        t_verify = profile.verify(gamma + 1)
+        if profile.noise:
+            t_draft *= float(rng.lognormal(0.0, profile.noise))
+            t_verify *= float(rng.lognormal(0.0, profile.noise))
+        controller.observe(plan, n_drafted=gamma, n_accepted=accepted, t_draft=t_draft, t_verify=t_verify)
+        result.rounds.append((result.tokens, plan))
+        for other in profile.draft:
+            if other != d:
+                gap[other] = gap.get(other, 0) + accepted + 1
+        result.tokens += accepted + 1
+        result.seconds += t_draft + t_verify
+    return result
+
+
+def _accepted(rng: np.random.Generator, alpha: float, gamma: int) -> int:
+    k = 0
+    while k < gamma and rng.random() < alpha:
+        k += 1
+    return k
+
+
+def expected_rate(profile: CostProfile, drafter: str | None, gamma: int, alpha: float) -> float:
+    """Tokens per second of always drafting ``gamma`` with ``drafter`` (no noise, no catch-up)."""
+    if drafter is None or gamma == 0:
+        return 1.0 / profile.verify(1)
+    seconds = profile.verify(gamma + 1) + gamma * profile.draft[drafter]
+    return expected_tokens(alpha, gamma) / seconds
+
+
+def best_fixed(
+    profile: CostProfile,
+    alpha: AlphaSchedule,
+    drafters: Sequence[str],
+    *,
+    max_gamma: int = 8,
+    **kwargs,
+) -> tuple[Plan, SimResult]:
+    """Simulate every fixed strategy (plain, and each drafter at γ=1..max_gamma); return the fastest."""
+    best: tuple[Plan, SimResult] | None = None
+    for drafter, gamma in [(None, 0)] + [(d, g) for d in drafters for g in range(1, max_gamma + 1)]:
+        result = simulate(FixedController(drafter, gamma), profile, alpha, **kwargs)
+        if best is None or result.tokens_per_second > best[1].tokens_per_second:
+            best = (Plan(drafter, gamma, "fixed"), result)
+    assert best is not None
+    return best

@@ -1,0 +1,273 @@
+"""The speculative round loop: draft → verify → accept → roll back → update.
+
+State between rounds: the committed tokens ``x[0..n)``. The target's KV holds ``x[0..n-1)``; the last committed
+token ``x[n-1]`` is *pending* and opens the next verify batch. Plain decoding is the same loop with γ = 0, so the
+baseline, the fallback and the speculative path share every line.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+
+import numpy as np
+
+from edgespec.backend import Model
+from edgespec.controller import Controller, FixedController, Plan
+from edgespec.drafters.base import Draft, Drafter
+from edgespec.drafters.lookup import LookupDrafter
+from edgespec.drafters.model import ModelDrafter
+from edgespec.errors import ContextOverflowError, EdgespecError, InvalidParameterError
+from edgespec.events import Chunk, Event, Finished, Span, Stats
+from edgespec.sampling import SamplingParams, warp
+from edgespec.text import TextStream
+from edgespec.verify import Verdict, verify_greedy, verify_stochastic
+
+DEFAULT_MAX_GAMMA = 8
+
+
+class Engine:
+    """Generates with a loaded target and optional drafters. One request at a time; reusable across requests.
+
+    ``draft_len``: ``"auto"`` lets the cost-aware controller pick the drafter and γ each round (0 included);
+    an integer fixes γ (the draft model if there is one, else prompt lookup; 0 = plain decoding).
+    """
+
+    def __init__(
+        self,
+        target: Model,
+        draft: Model | None = None,
+        *,
+        draft_len: int | str = "auto",
+        lookup: bool = True,
+        p_min: float = 0.0,
+        max_gamma: int = DEFAULT_MAX_GAMMA,
+    ) -> None:
+        self.target = target
+        self.draft_model = draft
+        self.drafters: dict[str, Drafter] = {}
+        if draft is not None:
+            self.drafters["model"] = ModelDrafter(draft, p_min=p_min)
+        if lookup:
+            self.drafters["lookup"] = LookupDrafter()
+        self.max_gamma = max_gamma
+        self.set_draft_len(draft_len)
+        self._busy = threading.Lock()
+        self._cancel = threading.Event()
+
+    # ----- configuration -------------------------------------------------------------------------------------
+    def set_draft_len(self, draft_len: int | str) -> None:
+        """Switch between the adaptive controller (``"auto"``) and a fixed γ, between requests or mid-session."""
+        if draft_len == "auto":
+            self.controller: Controller | FixedController = Controller(
+                list(self.drafters), max_gamma=self.max_gamma
+            )
+        else:
+            if isinstance(draft_len, str) and draft_len.isdigit():
+                draft_len = int(draft_len)
+            if not isinstance(draft_len, int) or not 0 <= draft_len <= 64:
+                raise InvalidParameterError(
+                    f"draft_len must be 'auto' or an integer 0..64, got {draft_len!r}"
+                )
+            name = "model" if "model" in self.drafters else ("lookup" if "lookup" in self.drafters else None)
+            self.max_gamma = max(self.max_gamma, draft_len)
+            self.controller = FixedController(name if draft_len else None, draft_len)
+        self.draft_len = draft_len
+
+    def cancel(self) -> None:
+        """Stop the running request after its current round (safe from any thread)."""
+        self._cancel.set()
+
+    # ----- the loop ------------------------------------------------------------------------------------------
+    def stream(
+        self,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        *,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Event]:
+        """Generate after the prompt tokens; yield a :class:`Chunk` per round and a :class:`Finished` at the end.
+
+        Bad input (an empty prompt, a request that cannot fit the context) raises here, before any work.
+        """
+        if not prompt:
+            raise InvalidParameterError("the prompt is empty")
+        self._check_fits(len(prompt), params.max_tokens)
+        return self._locked_run(list(prompt), params, cancel)
+
+    def _locked_run(
+        self, ctx: list[int], params: SamplingParams, cancel: threading.Event | None
+    ) -> Iterator[Event]:
+        if not self._busy.acquire(blocking=False):
+            raise EdgespecError("the engine is busy with another request (one at a time per loaded model)")
+        self._cancel.clear()
+        try:
+            yield from self._run(ctx, params, cancel)
+        finally:
+            self._busy.release()
+
+    def _run(self, ctx: list[int], params: SamplingParams, cancel: threading.Event | None) -> Iterator[Event]:
+        target, drafters, controller = self.target, self.drafters, self.controller
+        rng = params.rng()
+        n_prompt = len(ctx)
+        clock = time.perf_counter
+        t_start = clock()
+        stats = Stats(prompt_tokens=n_prompt, accepted_per_round=(0,) * (self.max_gamma + 1))
+        try:
+            # Prefill: the KV of everything but the pending last token; a shared prefix is kept, not recomputed.
+            prefilled = target.sync(ctx[:-1])
+            for drafter in drafters.values():
+                drafter.reset(ctx)
+            stats = replace(stats, prefilled_tokens=prefilled, t_prefill=clock() - t_start)
+            text = TextStream(target.piece, params.stop)
+            n_out = 0  # tokens committed after the prompt (an end-of-generation token included)
+            out: list[int] = []  # the output's tokens (no end-of-generation token)
+            spans: list[Span] = []
+            emitted: list[int] = []
+            from_draft: list[bool] = []
+            hist = [0] * (self.max_gamma + 1)
+            finish, stopped_by = "length", None
+
+            while True:
+                if self._cancel.is_set() or (cancel is not None and cancel.is_set()):
+                    finish = "cancelled"
+                    break
+                room = params.max_tokens - n_out  # the verify always adds one token, so draft at most room-1
+
+                # 1. Draft.
+                t0 = clock()
+                plan, draft = self._draft(ctx, room - 1, params, rng)
+                t1 = clock()
+                # 2. Verify: one target decode of [x_{n-1}, d_1..d_γ], logits at all γ+1 positions.
+                batch = [ctx[-1], *draft.tokens]
+                logits = target.decode(batch, logits_at=range(len(batch)))  # [γ+1, n_vocab]
+                t2 = clock()
+                # 3. Accept.
+                k, token = self._accept(draft, logits, params, rng)
+                new = [*draft.tokens[:k], token]
+                from_draft = [True] * k + [False]
+                eog_at = next((i for i, t in enumerate(new) if target.is_eog(t)), None)
+                if eog_at is not None:  # nothing after an end-of-generation token is output
+                    new, from_draft = new[: eog_at + 1], from_draft[: eog_at + 1]
+                t3 = clock()
+                # 4. Roll back both models to the committed prefix.
+                ctx.extend(new)
+                self._roll_back(ctx)
+                # 5. Update the controller's estimates.
+                controller.observe(
+                    plan, n_drafted=len(draft.tokens), n_accepted=k, t_draft=t1 - t0, t_verify=t2 - t1
+                )
+
+                # Emit the committed tokens' text; an end-of-generation token or a stop string ends the request.
+                spans = []
+                emitted = []
+                for tok, origin in zip(new, from_draft, strict=True):
+                    if target.is_eog(tok):
+                        finish, stopped_by = "eos", target.token_text(tok)
+                        break
+                    emitted.append(tok)
+                    piece = text.feed(tok)
+                    if piece:
+                        spans.append(Span(piece, origin))
+                    if text.stopped_by is not None:
+                        finish, stopped_by = "stop", text.stopped_by
+                        break
+                out.extend(emitted)
+                n_out += len(new)
+                hist[min(k, self.max_gamma)] += 1
+                stats = replace(
+                    stats,
+                    generated=n_out,
+                    rounds=stats.rounds + 1,
+                    drafted=stats.drafted + len(draft.tokens),
+                    accepted=stats.accepted + k,
+                    t_draft=stats.t_draft + (t1 - t0),
+                    t_verify=stats.t_verify + (t2 - t1),
+                    t_sample=stats.t_sample + (t3 - t2),
+                    t_total=clock() - t_start,
+                    accepted_per_round=tuple(hist),
+                    drafter=plan.drafter or "none",
+                    draft_len=len(draft.tokens),
+                    decision=plan.reason,
+                    plain_tokens_per_second=controller.plain_tokens_per_second,
+                )
+                if finish == "length" and n_out >= params.max_tokens:
+                    break
+                yield _chunk(spans, emitted, from_draft, stats)
+                if finish != "length":
+                    break
+
+            # Whatever the text stream still holds (a partial stop-string prefix, bytes of an unfinished
+            # character) is output unless a stop string consumed it.
+            tail = text.flush() if finish != "stop" else ""
+            if finish == "length":  # the last round's chunk was held back to carry the tail
+                if tail:
+                    spans.append(Span(tail, False))
+                yield _chunk(spans, emitted, from_draft, stats)
+            elif tail:
+                yield Chunk(tail, (), (), (Span(tail, False),), stats)
+            stats = replace(stats, t_total=clock() - t_start)
+            yield Finished(
+                text=text.text, tokens=tuple(out), finish_reason=finish, stats=stats, stopped_by=stopped_by
+            )
+        finally:
+            # Early exit (exception, generator closed): leave both caches consistent with what is committed.
+            self._roll_back(ctx)
+
+    # ----- the phases ----------------------------------------------------------------------------------------
+    def _draft(
+        self, ctx: list[int], max_len: int, params: SamplingParams, rng: np.random.Generator
+    ) -> tuple[Plan, Draft]:
+        lookup_draft = Draft.empty()
+        lookup = self.drafters.get("lookup")
+        if lookup is not None and max_len > 0:
+            # Costs ~nothing, so look first and let the controller weigh what was found.
+            lookup_draft = lookup.propose(ctx, min(self.max_gamma, max_len), params, None)
+        plan = self.controller.plan(lookup_len=len(lookup_draft.tokens))
+        gamma = min(plan.gamma, max_len)
+        if plan.drafter is None or gamma <= 0:
+            return plan, Draft.empty()
+        if plan.drafter == "lookup":
+            return plan, Draft(lookup_draft.tokens[:gamma], None)
+        return plan, self.drafters[plan.drafter].propose(ctx, gamma, params, rng)
+
+    @staticmethod
+    def _accept(
+        draft: Draft, logits: np.ndarray, params: SamplingParams, rng: np.random.Generator
+    ) -> Verdict:
+        if params.greedy:
+            return verify_greedy(draft.tokens, logits.argmax(axis=1))
+        p = [warp(row, params) for row in logits]
+        return verify_stochastic(draft.tokens, draft.q, p, rng)
+
+    def _roll_back(self, ctx: Sequence[int]) -> None:
+        """Truncate every KV to the committed prefix: the target keeps ``x[0..n-1)``, drafters their share."""
+        self.target.truncate(len(ctx) - 1)
+        for drafter in self.drafters.values():
+            drafter.commit(ctx)
+
+    def _check_fits(self, n_prompt: int, max_tokens: int) -> None:
+        # The verify batch can reach γ tokens past the last committed one before the rollback.
+        need = n_prompt + max_tokens + self.max_gamma
+        limits = [("target", self.target.n_ctx)]
+        if self.draft_model is not None:
+            limits.append(("draft", self.draft_model.n_ctx))
+        for role, n_ctx in limits:
+            if need > n_ctx:
+                raise ContextOverflowError(
+                    f"prompt ({n_prompt} tokens) + max_tokens ({max_tokens}) + draft headroom ({self.max_gamma}) "
+                    f"= {need} tokens exceeds the {role} context of {n_ctx}; shorten the prompt, lower "
+                    f"max_tokens, or load with a larger n_ctx"
+                )
+
+
+def _chunk(spans: list[Span], emitted: list[int], from_draft: list[bool], stats: Stats) -> Chunk:
+    return Chunk(
+        text="".join(s.text for s in spans),
+        tokens=tuple(emitted),
+        from_draft=tuple(from_draft[: len(emitted)]),
+        spans=tuple(spans),
+        stats=stats,
+    )

@@ -1,0 +1,227 @@
+"""The cost-aware controller on simulated rounds (synthetic costs and acceptance; no models, no real time)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from edgespec.controller import (
+    Acceptance,
+    Controller,
+    FixedController,
+    Plan,
+    VerifyCost,
+    expected_tokens,
+)
+from edgespec.controller_sim import (
+    CPU_PROFILE,
+    GPU_PROFILE,
+    CostProfile,
+    best_fixed,
+    expected_rate,
+    simulate,
+)
+
+# The CPU figures of DESIGN.md, with a little timing noise as a real clock has.
+CPU = replace(CPU_PROFILE, noise=0.05)
+# GPU-like: verify width almost free, drafting nearly free.
+GPU = replace(GPU_PROFILE, draft={"model": 0.0005, "lookup": 0.00005}, noise=0.05)
+
+
+def best_fixed_rate(profile: CostProfile, alphas: dict[str, float], lookup_len: int | None = None) -> float:
+    """Expected tok/s of the best always-the-same strategy (exact, no simulation)."""
+    rates = [expected_rate(profile, None, 0, 0.0)]
+    for d, a in alphas.items():
+        cap = lookup_len if d == "lookup" and lookup_len is not None else 8
+        rates += [expected_rate(profile, d, g, a) for g in range(1, cap + 1)]
+    return max(rates)
+
+
+def rounds_from(result, tokens: int) -> int:
+    """Index of the first round that started at or after ``tokens`` generated tokens."""
+    return next(i for i, (t, _) in enumerate(result.rounds) if t >= tokens)
+
+
+# ----- the round model --------------------------------------------------------------------------------------
+def test_expected_tokens():
+    assert expected_tokens(0.5, 0) == 1.0
+    assert expected_tokens(0.5, 1) == pytest.approx(1.5)
+    assert expected_tokens(0.5, 3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+    assert expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.0, 4) == 1.0
+
+
+def test_plan_requires_gamma_zero_iff_plain():
+    Plan(None, 0, "")
+    Plan("model", 3, "")
+    for bad in [(None, 2), ("model", 0), ("lookup", -1)]:
+        with pytest.raises(ValueError):
+            Plan(*bad)
+
+
+def test_acceptance_estimate_converges_and_adapts():
+    est = Acceptance(prior=0.6, prior_weight=2.0, decay=0.97)
+    rng = np.random.default_rng(0)
+    for alpha in (0.9, 0.2):
+        for _ in range(300):
+            k = 0
+            while k < 4 and rng.random() < alpha:
+                k += 1
+            est.update(4, k)
+        assert est.alpha == pytest.approx(alpha, abs=0.08)
+
+
+def test_verify_cost_fills_unseen_widths():
+    cost = VerifyCost(decay=0.9, slope_prior=0.5, optimism=0.0)
+    assert cost.curve(4) is None
+    cost.add(1, 0.1)
+    assert cost.curve(3)[1:] == pytest.approx([0.1, 0.15, 0.2])  # the prior slope
+    cost.add(3, 0.2)
+    cost.add(5, 0.2)
+    curve = cost.curve(7)
+    assert curve[2] == pytest.approx(0.15)  # interpolated
+    assert curve[4] == pytest.approx(0.2)
+    assert curve[7] == pytest.approx(0.2 + 2 * 0.025)  # extrapolated with the least-squares slope
+    optimistic = VerifyCost(decay=0.9, slope_prior=0.5, optimism=0.25)
+    optimistic.add(1, 0.1)
+    assert optimistic.curve(2)[1:] == pytest.approx([0.1, 0.75 * 0.15])  # unseen widths look cheaper
+
+
+# ----- the adaptive controller ------------------------------------------------------------------------------
+def test_starts_by_measuring_plain_then_the_draft_model():
+    ctl = Controller(["model", "lookup"])
+    assert ctl.plain_tokens_per_second == 0.0
+    first = ctl.plan()
+    assert first.drafter is None and "measuring" in first.reason
+    ctl.observe(first, n_drafted=0, n_accepted=0, t_draft=0.0, t_verify=0.08)
+    assert ctl.plain_tokens_per_second == pytest.approx(12.5)
+    second = ctl.plan()
+    assert second.drafter == "model" and 0 < second.gamma <= 2 and "measuring" in second.reason
+
+
+def test_observe_rejects_impossible_counts():
+    ctl = Controller(["model"])
+    with pytest.raises(ValueError):
+        ctl.observe(Plan("model", 2), n_drafted=2, n_accepted=3, t_draft=0.0, t_verify=0.1)
+
+
+def test_cpu_costly_drafts_choose_plain():
+    alphas = {"model": 0.5}
+    result = simulate(Controller(["model"]), CPU, alphas, n_tokens=4000, seed=1)
+    assert best_fixed_rate(CPU_PROFILE, alphas) == expected_rate(CPU_PROFILE, None, 0, 0.0)  # plain is best
+    assert result.share(None) > 0.98
+    assert result.tokens_per_second > 0.97 * best_fixed_rate(CPU_PROFILE, alphas)
+    last = result.rounds[-1][1]
+    assert last.reason.startswith("plain est 12.") and "model" in last.reason
+
+
+def test_cpu_draft_model_is_not_probed_once_its_catch_up_is_known():
+    # After plain rounds the draft model must decode every token it missed; on this CPU that alone costs more
+    # than the exploration budget, so after measuring it the controller leaves it alone.
+    result = simulate(Controller(["model"]), CPU, {"model": 0.5}, n_tokens=4000, seed=2)
+    assert sum(p.drafter == "model" for _, p in result.rounds) <= 4
+
+
+def test_gpu_free_accepted_drafts_choose_long_drafts():
+    alphas = {"model": 0.9}
+    result = simulate(Controller(["model"]), GPU, alphas, n_tokens=4000, seed=3)
+    later = [p for t, p in result.rounds if t >= 1000]
+    assert sum(p.drafter == "model" for p in later) / len(later) > 0.98
+    assert np.mean([p.gamma for p in later]) >= 6
+    best = best_fixed_rate(replace(GPU, noise=0.0), alphas)
+    assert result.tokens_per_second > 0.95 * best
+    assert result.tokens_per_second > 2.5 * expected_rate(GPU, None, 0, 0.0)
+
+
+def test_recovers_after_a_phase_change():
+    # α 0.9, then 0.1 (plain wins), then 0.9 again; the profile makes drafting lose at 0.1 and win at 0.9.
+    profile = replace(GPU_PROFILE, noise=0.05)
+
+    def alphas(tokens: int) -> dict[str, float]:
+        return {"model": 0.1 if 2000 <= tokens < 4000 else 0.9}
+
+    assert expected_rate(profile, "model", 1, 0.1) < expected_rate(profile, None, 0, 0.0)
+    result = simulate(Controller(["model"]), profile, alphas, n_tokens=7000, seed=4)
+    drop, back = rounds_from(result, 2000), rounds_from(result, 4000)
+    plans = [p for _, p in result.rounds]
+    low = plans[drop + 200 : back]
+    assert sum(p.drafter is None for p in low) / len(low) > 0.95  # went plain within 200 rounds
+    high = plans[back + 300 :]
+    assert sum(p.drafter == "model" for p in high) / len(high) > 0.95  # speculating again within 300 rounds
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_cpu_lookup_with_long_accepted_matches_is_chosen(seed):
+    alphas = {"model": 0.5, "lookup": 0.9}
+    result = simulate(Controller(["model", "lookup"]), CPU, alphas, n_tokens=4000, lookup_len=8, seed=seed)
+    later = [p for t, p in result.rounds if t >= 500]
+    assert sum(p.drafter == "lookup" for p in later) / len(later) > 0.95
+    assert result.tokens_per_second > 0.95 * best_fixed_rate(CPU_PROFILE, alphas, lookup_len=8)
+    assert result.tokens_per_second > 1.5 * expected_rate(CPU, None, 0, 0.0)
+
+
+def test_cpu_lookup_that_is_rarely_accepted_is_not_chosen():
+    alphas = {"model": 0.5, "lookup": 0.2}
+    result = simulate(Controller(["model", "lookup"]), CPU, alphas, n_tokens=4000, lookup_len=8, seed=5)
+    assert result.share(None) > 0.95
+    assert result.tokens_per_second > 0.97 * expected_rate(CPU, None, 0, 0.0)
+
+
+def test_cpu_intermittent_lookup_matches_beat_plain():
+    def found(rng: np.random.Generator) -> int:  # half the rounds have a match of 1..10 tokens
+        return int(rng.integers(1, 11)) if rng.random() < 0.5 else 0
+
+    alphas = {"model": 0.5, "lookup": 0.9}
+    auto = simulate(Controller(["model", "lookup"]), CPU, alphas, n_tokens=3000, lookup_len=found, seed=6)
+    _, best = best_fixed(CPU, alphas, ["lookup"], n_tokens=3000, lookup_len=found, seed=6)
+    assert auto.tokens_per_second > 0.95 * best.tokens_per_second
+    assert auto.tokens_per_second > 1.3 * expected_rate(CPU, None, 0, 0.0)
+
+
+def test_a_drafter_that_drafts_nothing_is_not_retried_every_round():
+    # A draft model whose confidence cutoff always stops at once never gets a per-token price; it is retried
+    # only as exploration credit allows, not every round.
+    ctl = Controller(["model"])
+    model_rounds = 0
+    for _ in range(500):
+        plan = ctl.plan()
+        model_rounds += plan.drafter == "model"
+        ctl.observe(plan, n_drafted=0, n_accepted=0, t_draft=0.04 if plan.drafter else 0.0, t_verify=0.08)
+    assert 1 <= model_rounds <= 25
+    assert ctl.plain_tokens_per_second == pytest.approx(12.5)
+
+
+def test_estimates_carry_across_requests():
+    ctl = Controller(["model"])
+    simulate(ctl, GPU, {"model": 0.9}, n_tokens=1000, seed=7)
+    ctl.start_request()  # optional hint; estimates are kept
+    plan = ctl.plan()
+    assert plan.drafter == "model" and plan.gamma >= 5
+    assert ctl.alpha("model") > 0.8
+
+
+# ----- the fixed controller ---------------------------------------------------------------------------------
+def test_fixed_controller():
+    assert FixedController(None, 0).plan(lookup_len=5) == Plan(None, 0, "fixed: plain decoding")
+    assert FixedController("model", 0).plan().drafter is None
+    model = FixedController("model", 4)
+    assert (model.plan(lookup_len=0).drafter, model.plan().gamma) == ("model", 4)
+    lookup = FixedController("lookup", 5)
+    assert (lookup.plan(lookup_len=3).drafter, lookup.plan(lookup_len=3).gamma) == ("lookup", 3)
+    assert lookup.plan(lookup_len=9).gamma == 5
+    assert lookup.plan(lookup_len=0) == Plan(None, 0, "fixed: lookup found nothing")
+    with pytest.raises(ValueError):
+        FixedController(None, 2)
+    with pytest.raises(ValueError):
+        FixedController("model", -1)
+
+
+def test_fixed_controller_measures_plain_speed_from_one_token_decodes():
+    ctl = FixedController("lookup", 4)
+    assert ctl.plain_tokens_per_second == 0.0
+    ctl.observe(Plan("lookup", 4), n_drafted=4, n_accepted=2, t_draft=0.0, t_verify=0.2)
+    assert ctl.plain_tokens_per_second == 0.0
+    ctl.observe(Plan(None, 0), n_drafted=0, n_accepted=0, t_draft=0.0, t_verify=0.05)
+    assert ctl.plain_tokens_per_second == pytest.approx(20.0)

@@ -1,0 +1,188 @@
+"""The round loop's bookkeeping on a fake backend: exactness, rollback, stops, cancellation, context checks."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from fakes import EOS, FakeModel
+from stat_tools import fits
+
+from edgespec.engine import Engine
+from edgespec.errors import ContextOverflowError, EdgespecError, InvalidParameterError
+from edgespec.events import Chunk, Finished
+from edgespec.sampling import SamplingParams, densify, warp
+
+GREEDY = SamplingParams(temperature=0, max_tokens=40)
+PROMPT = [3, 5, 7, 5, 3]
+
+
+def run(engine: Engine, prompt=PROMPT, params=GREEDY, cancel=None) -> tuple[list[Chunk], Finished]:
+    events = list(engine.stream(prompt, params, cancel=cancel))
+    assert isinstance(events[-1], Finished) and all(isinstance(e, Chunk) for e in events[:-1])
+    return events[:-1], events[-1]
+
+
+def plain_greedy(prompt, n: int, model: FakeModel) -> list[int]:
+    out, ctx = [], list(prompt)
+    for _ in range(n):
+        t = int(np.argmax(model.logits_after(ctx)))
+        if t == EOS:
+            break
+        out.append(t)
+        ctx.append(t)
+    return out
+
+
+@pytest.mark.parametrize("draft_len", [0, 1, 3, 6, "auto"])
+@pytest.mark.parametrize("noise", [0.0, 1.5])
+def test_greedy_speculation_equals_plain_greedy(draft_len, noise: float) -> None:
+    target, draft = FakeModel(eos_bias=-9), FakeModel(seed=1, noise=noise, eos_bias=-9)
+    engine = Engine(target, draft, draft_len=draft_len)
+    chunks, done = run(engine)
+    assert list(done.tokens) == plain_greedy(PROMPT, 40, target)
+    assert done.text == "".join(c.text for c in chunks)
+    assert done.stats.generated == 40 and done.finish_reason == "length"
+
+
+def test_kv_holds_exactly_the_committed_prefix_after_every_round() -> None:
+    target, draft = FakeModel(eos_bias=-9), FakeModel(seed=1, noise=1.0, eos_bias=-9)
+    engine = Engine(target, draft, draft_len=4, lookup=False)
+    committed = list(PROMPT)
+    for event in engine.stream(PROMPT, SamplingParams(temperature=1.0, seed=3, max_tokens=30)):
+        committed += list(event.tokens)
+        if isinstance(event, Chunk):
+            assert target.kv_tokens == committed[:-1]  # x[n-1] is pending
+            assert draft.kv_tokens == committed[: len(draft.kv_tokens)]
+
+
+def test_verify_is_one_decode_with_logits_only_where_needed() -> None:
+    target, draft = FakeModel(eos_bias=-9), FakeModel(seed=1, eos_bias=-9)
+    engine = Engine(target, draft, draft_len=3, lookup=False)
+    run(engine, params=SamplingParams(temperature=0, max_tokens=12))
+    prefill, *rounds = target.decode_calls
+    assert prefill == (len(PROMPT) - 1, 0)  # the prompt's KV, no logits
+    assert all(n == rows for n, rows in rounds)  # γ+1 tokens, γ+1 rows, one call per round
+
+
+def test_stochastic_output_distribution_is_the_targets() -> None:
+    """First two generated tokens at T=1 vs the exact target distribution (computed from the fake's logits)."""
+    target, draft = FakeModel(n_vocab=6, sharp=1.0), FakeModel(n_vocab=6, seed=4, noise=1.5, sharp=1.0)
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, max_tokens=2)
+    engine = Engine(target, draft, draft_len=3, lookup=False)
+    prompt = [1, 2]
+    exact = np.zeros((6, 6))
+    p1 = densify(warp(target.logits_after(prompt), params), 6)
+    for a in range(6):
+        exact[a] = p1[a] * (densify(warp(target.logits_after(prompt + [a]), params), 6) if a != EOS else 0)
+    exact[EOS, EOS] = p1[EOS]  # EOS first: the output stops (counted in its own cell)
+    counts = np.zeros((6, 6))
+    rng = np.random.default_rng(0)
+    for _ in range(6000):
+        done = run(engine, prompt, SamplingParams(**{**params.__dict__, "seed": int(rng.integers(2**31))}))[1]
+        toks = list(done.tokens) + [EOS, EOS]
+        counts[toks[0], toks[1] if toks[0] != EOS else EOS] += 1
+    ok, why = fits(counts, exact)
+    assert ok, why
+    assert (
+        0 < engine_acceptance(engine, prompt, params) < 1
+    )  # the pair disagrees sometimes: the test has teeth
+
+
+def engine_acceptance(engine: Engine, prompt, params) -> float:
+    return run(engine, prompt, SamplingParams(**{**params.__dict__, "max_tokens": 200, "seed": 1}))[
+        1
+    ].stats.acceptance_rate
+
+
+def test_seed_reproduces_a_stochastic_run() -> None:
+    target, draft = FakeModel(), FakeModel(seed=1, noise=1.0)
+    engine = Engine(target, draft, draft_len=3)
+    params = SamplingParams(temperature=0.9, seed=123, max_tokens=30)
+    assert run(engine, params=params)[1].tokens == run(engine, params=params)[1].tokens
+
+
+def test_eos_ends_generation_and_is_not_output() -> None:
+    target = FakeModel(eos_bias=+9)  # EOS is almost always the argmax
+    chunks, done = run(Engine(target, FakeModel(seed=2), draft_len=2))
+    assert done.finish_reason == "eos" and done.tokens == () and done.stopped_by == "</s>"
+
+
+def test_stop_string_ends_generation_and_is_cut() -> None:
+    target = FakeModel(eos_bias=-9)
+    full = "".join(target.piece(t).decode() for t in plain_greedy(PROMPT, 40, target))
+    stop = full[10:13]
+    first = full.index(stop)
+    _, done = run(
+        Engine(target, FakeModel(seed=1), draft_len=4),
+        params=SamplingParams(temperature=0, max_tokens=40, stop=(stop,)),
+    )
+    assert done.finish_reason == "stop" and done.stopped_by == stop
+    assert done.text == full[:first]
+
+
+def test_max_tokens_is_exact_even_mid_draft() -> None:
+    for n in (1, 2, 5, 7):
+        _, done = run(
+            Engine(FakeModel(eos_bias=-9), FakeModel(eos_bias=-9), draft_len=4),
+            params=SamplingParams(temperature=0, max_tokens=n),
+        )
+        assert len(done.tokens) == n and done.finish_reason == "length"
+
+
+def test_context_overflow_is_refused_before_any_work() -> None:
+    target = FakeModel(n_ctx=32)
+    engine = Engine(target, FakeModel(n_ctx=32), draft_len=4)
+    with pytest.raises(ContextOverflowError, match="exceeds the target context of 32"):
+        run(engine, prompt=[1] * 20, params=SamplingParams(temperature=0, max_tokens=10))
+    assert target.decode_calls == []
+    # the engine is still usable
+    assert (
+        run(engine, prompt=[1, 2], params=SamplingParams(temperature=0, max_tokens=5))[1].stats.generated == 5
+    )
+
+
+def test_cancel_from_another_thread_then_a_correct_second_request() -> None:
+    target, draft = FakeModel(eos_bias=-9, n_ctx=4096), FakeModel(seed=1, eos_bias=-9, n_ctx=4096)
+    engine = Engine(target, draft, draft_len=3)
+    cancel = threading.Event()
+    seen = 0
+    done = None
+    for event in engine.stream(PROMPT, SamplingParams(temperature=0, max_tokens=2000), cancel=cancel):
+        seen += 1
+        if seen == 3:
+            threading.Thread(target=cancel.set).start()
+        done = event
+    assert done.finish_reason == "cancelled" and 0 < done.stats.generated < 2000
+    _, again = run(engine)
+    assert list(again.tokens) == plain_greedy(PROMPT, 40, target)
+
+
+def test_a_second_prompt_with_a_shared_prefix_only_prefills_the_new_tokens() -> None:
+    target = FakeModel(eos_bias=-9)
+    engine = Engine(target, None, draft_len=0)
+    _, first = run(engine)
+    follow_up = PROMPT + list(first.tokens) + [4, 4, 4]
+    _, second = run(engine, prompt=follow_up)
+    assert (
+        second.stats.prefilled_tokens == 3
+    )  # the EOS-free first reply is already in the KV but its last token
+
+
+def test_bad_inputs() -> None:
+    engine = Engine(FakeModel(), None)
+    with pytest.raises(InvalidParameterError, match="empty"):
+        run(engine, prompt=[])
+    with pytest.raises(InvalidParameterError, match="draft_len"):
+        engine.set_draft_len(-1)
+
+
+def test_one_request_at_a_time() -> None:
+    engine = Engine(FakeModel(eos_bias=-9), None)
+    first = engine.stream(PROMPT, GREEDY)
+    next(first)
+    with pytest.raises(EdgespecError, match="busy"):
+        next(engine.stream(PROMPT, GREEDY))
+    first.close()
+    assert run(engine)[1].stats.generated == 40

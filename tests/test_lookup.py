@@ -1,0 +1,155 @@
+"""Prompt lookup: what it proposes, and that its incremental index always equals a from-scratch scan."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgespec.drafters.base import Drafter
+from edgespec.drafters.lookup import LookupDrafter
+from edgespec.sampling import SamplingParams
+
+PARAMS = SamplingParams(temperature=0)
+
+
+def propose(drafter: LookupDrafter, context, max_len: int = 8) -> list[int]:
+    draft = drafter.propose(context, max_len, PARAMS, None)
+    assert draft.q is None  # deterministic: the verifier treats it as one-hot
+    return draft.tokens
+
+
+def brute_force(tokens: list[int], max_len: int, min_n: int, max_n: int) -> list[int]:
+    """The specification: longest suffix n-gram, latest earlier occurrence, what followed it."""
+    end = len(tokens)
+    for n in range(max_n, min_n - 1, -1):
+        if end < n + 1:
+            continue
+        suffix = tokens[end - n :]
+        for e in range(end - 1, n - 1, -1):  # latest first; the suffix itself (e == end) is not earlier
+            if tokens[e - n : e] == suffix:
+                return tokens[e : e + max_len]
+    return []
+
+
+def fresh(tokens: list[int], **kwargs) -> LookupDrafter:
+    drafter = LookupDrafter(**kwargs)
+    drafter.reset(tokens)
+    return drafter
+
+
+def test_satisfies_the_drafter_protocol():
+    drafter: Drafter = LookupDrafter()
+    assert drafter.name == "lookup"
+
+
+@pytest.mark.parametrize(
+    ("context", "max_len", "expected", "n"),
+    [
+        # "1 2 3" occurred before, followed by 4 5 9
+        ([1, 2, 3, 4, 5, 9, 1, 2, 3], 3, [4, 5, 9], 3),
+        ([1, 2, 3, 4, 5, 9, 1, 2, 3], 8, [4, 5, 9, 1, 2, 3], 3),
+        # longest n wins over a more recent shorter match: "1 2 3" -> 50, though "2 3" was last followed by 60
+        ([1, 2, 3, 50, 9, 2, 3, 60, 1, 2, 3], 1, [50], 3),
+        # same n: the most recent occurrence wins
+        ([5, 6, 70, 5, 6, 80, 5, 6], 8, [80, 5, 6], 2),
+        # overlapping occurrences in a repeating "a b a b a": the latest "a b a" is followed by "b a"
+        ([7, 8, 7, 8, 7], 5, [8, 7], 3),
+        # the proposal stops at the end of the context even if more is asked for
+        ([1, 2, 3, 1, 2], 10, [3, 1, 2], 2),
+        # a run of one token: "a a a" last followed by the final "a"
+        ([4, 4, 4, 4], 5, [4], 3),
+    ],
+)
+def test_proposals(context, max_len, expected, n):
+    drafter = fresh(context)
+    assert propose(drafter, context, max_len) == expected
+    assert drafter.last_ngram == n
+    assert expected == brute_force(context, max_len, 2, 4)
+
+
+@pytest.mark.parametrize(
+    "context",
+    [[], [1], [1, 2], [1, 2, 3, 4, 5], [1, 2, 1, 3]],  # the last: "1" repeats, but 1-grams are off by default
+)
+def test_no_match_proposes_nothing(context):
+    drafter = fresh(context)
+    assert propose(drafter, context) == []
+    assert drafter.last_ngram == 0
+
+
+def test_min_n_one_matches_single_tokens():
+    assert propose(fresh([1, 2, 1, 3], min_n=1), [1, 2, 1, 3]) == []
+    assert propose(fresh([1, 2, 3, 1], min_n=1), [1, 2, 3, 1]) == [2, 3, 1]
+
+
+def test_max_len_zero_proposes_nothing():
+    assert propose(fresh([1, 2, 3, 1, 2]), [1, 2, 3, 1, 2], 0) == []
+
+
+def test_rejects_bad_n_range():
+    with pytest.raises(ValueError):
+        LookupDrafter(min_n=0)
+    with pytest.raises(ValueError):
+        LookupDrafter(min_n=3, max_n=2)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_incremental_index_equals_brute_force(seed):
+    """Random streams over a small alphabet (so matches abound), committed in random chunks."""
+    rng = np.random.default_rng(seed)
+    min_n = int(rng.integers(1, 3))
+    max_n = min_n + int(rng.integers(0, 4))
+    alphabet = int(rng.integers(2, 6))
+    tokens = rng.integers(0, alphabet, size=int(rng.integers(0, 20))).tolist()
+    drafter = LookupDrafter(min_n, max_n)
+    drafter.reset(tokens)
+    while len(tokens) < 150:
+        tokens = tokens + rng.integers(0, alphabet, size=int(rng.integers(1, 6))).tolist()
+        drafter.commit(tokens)
+        max_len = int(rng.integers(1, 10))
+        assert propose(drafter, tokens, max_len) == brute_force(tokens, max_len, min_n, max_n)
+    assert drafter._index == fresh(tokens, min_n=min_n, max_n=max_n)._index
+
+
+def test_propose_catches_up_without_commit():
+    drafter = fresh([1, 2, 3])
+    context = [1, 2, 3, 4, 1, 2]
+    assert propose(drafter, context) == brute_force(context, 8, 2, 4) == [3, 4, 1, 2]
+
+
+def test_accepts_numpy_context():
+    context = np.array([1, 2, 3, 4, 1, 2, 3], dtype=np.int32)
+    drafter = fresh(context)
+    assert propose(drafter, context) == [4, 1, 2, 3]
+    assert all(type(t) is int for t in propose(drafter, context))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_reset_reuses_a_shared_prefix_and_handles_unrelated_contexts(seed):
+    rng = np.random.default_rng(seed)
+    first = rng.integers(0, 3, size=80).tolist()
+    drafter = fresh(first[:30])
+    drafter.commit(first)  # a request that generated 50 tokens
+    shared = int(rng.integers(0, 81))
+    cases = {
+        "shares a prefix, then diverges": first[:shared] + rng.integers(0, 3, size=40).tolist(),
+        "is a prefix (shrinks)": first[:shared],
+        "extends it": first + rng.integers(0, 3, size=10).tolist(),
+        "is unrelated": rng.integers(3, 6, size=60).tolist(),
+    }
+    for what, context in cases.items():
+        drafter.reset(context)
+        assert drafter._index == fresh(context)._index, what
+        for max_len in (1, 4, 9):
+            assert propose(drafter, context, max_len) == brute_force(context, max_len, 2, 4), what
+
+
+def test_commit_that_shrinks_or_rewrites_the_last_token_is_reconciled():
+    # Within a request the context only grows; commit checks just the last indexed token (cheap) and
+    # reconciles anything else against the common prefix, like reset.
+    drafter = fresh([1, 2, 3, 4, 1, 2])
+    drafter.commit([1, 2, 3, 4, 1, 9, 9, 1, 2])
+    assert drafter._index == fresh([1, 2, 3, 4, 1, 9, 9, 1, 2])._index
+    assert propose(drafter, [1, 2, 3, 4, 1, 9, 9, 1, 2]) == [3, 4, 1, 9, 9, 1, 2]
+    drafter.commit([1, 2, 3])
+    assert drafter._index == fresh([1, 2, 3])._index

@@ -1,0 +1,104 @@
+"""The warp (top-k → top-p → min-p → temperature) against a dense reference, validation, and sampling."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from stat_tools import fits
+
+from edgespec.errors import InvalidParameterError
+from edgespec.sampling import SamplingParams, densify, sample, warp
+
+
+def reference_warp(logits: np.ndarray, sp: SamplingParams) -> np.ndarray:
+    """Straightforward dense version of llama.cpp's chain, for comparison (slow, obviously right)."""
+    x = logits.astype(np.float64)
+    alive = np.ones_like(x, dtype=bool)
+    if sp.top_k > 0:
+        alive[np.argsort(-x, kind="stable")[sp.top_k :]] = False
+    p = np.where(alive, np.exp(x - x[alive].max()), 0.0)
+    p /= p.sum()
+    if sp.top_p < 1:
+        order = np.argsort(-p, kind="stable")
+        cum = np.cumsum(p[order])
+        n_keep = int(np.argmax(cum >= sp.top_p)) + 1 if (cum >= sp.top_p).any() else len(order)
+        cut = np.zeros_like(alive)
+        cut[order[:n_keep]] = True
+        alive &= cut
+    if sp.min_p > 0:
+        alive &= p >= sp.min_p * p[alive].max()
+    out = np.where(alive, np.exp((x - x[alive].max()) / sp.temperature), 0.0)
+    return out / out.sum()
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0),
+        dict(temperature=0.7, top_k=40, top_p=0.95, min_p=0.05),
+        dict(temperature=1.3, top_k=5, top_p=1.0, min_p=0.0),
+        dict(temperature=0.5, top_k=0, top_p=0.8, min_p=0.0),
+        dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.2),
+        dict(temperature=2.0, top_k=100, top_p=0.5, min_p=0.01),
+    ],
+)
+def test_warp_matches_dense_reference(params: dict) -> None:
+    sp = SamplingParams(**params)
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        logits = (rng.normal(size=500) * 3).astype(np.float32)
+        np.testing.assert_allclose(densify(warp(logits, sp), 500), reference_warp(logits, sp), atol=1e-9)
+
+
+def test_greedy_warp_is_one_hot_on_argmax() -> None:
+    logits = np.array([0.1, 3.0, 2.9, -1.0], dtype=np.float32)
+    d = warp(logits, SamplingParams(temperature=0))
+    assert d.ids.tolist() == [1] and d.probs.tolist() == [1.0]
+
+
+def test_warp_output_is_sorted_by_probability() -> None:
+    logits = np.random.default_rng(1).normal(size=1000).astype(np.float32)
+    d = warp(logits, SamplingParams(temperature=1.0, top_k=50, top_p=1.0, min_p=0.0))
+    assert np.all(np.diff(d.probs) <= 0) and d.top == int(np.argmax(logits))
+
+
+def test_sample_follows_the_distribution() -> None:
+    rng = np.random.default_rng(2)
+    logits = np.array([1.0, 0.5, 0.0, -0.5, -3.0], dtype=np.float32)
+    d = warp(logits, SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0))
+    counts = np.zeros(5)
+    for _ in range(20_000):
+        counts[sample(d, rng)] += 1
+    ok, why = fits(counts, densify(d, 5))
+    assert ok, why
+
+
+def test_seed_makes_sampling_reproducible() -> None:
+    sp = SamplingParams(temperature=1.0, seed=42)
+    d = warp(np.linspace(0, 1, 50).astype(np.float32), sp)
+    a = [sample(d, r) for r in [sp.rng()] for _ in range(50)]
+    b = [sample(d, r) for r in [sp.rng()] for _ in range(50)]
+    assert a == b
+
+
+@pytest.mark.parametrize(
+    "bad, words",
+    [
+        (dict(temperature=-1), "temperature"),
+        (dict(temperature=float("nan")), "temperature"),
+        (dict(top_k=-3), "top_k"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(min_p=1.0), "min_p"),
+        (dict(max_tokens=0), "max_tokens"),
+        (dict(seed=-1), "seed"),
+        (dict(stop=("",)), "stop"),
+    ],
+)
+def test_invalid_parameters_are_rejected_with_a_clear_message(bad: dict, words: str) -> None:
+    with pytest.raises(InvalidParameterError, match=words):
+        SamplingParams(**bad)
+
+
+def test_stop_accepts_a_single_string() -> None:
+    assert SamplingParams(stop="\n\n").stop == ("\n\n",)
