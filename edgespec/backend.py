@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,6 +142,8 @@ class Model:
         self._piece_cache: dict[int, bytes] = {}
         # The KV holds exactly these tokens at positions 0..len-1 (the engine's bookkeeping mirrors llama.cpp's).
         self.kv_tokens: list[int] = []
+        # Wall time spent inside llama_decode and copying its logits out: what the Python loop cannot speed up.
+        self.busy_seconds = 0.0
 
     # ----- facts -------------------------------------------------------------------------------------------
     def meta(self, key: str) -> str | None:
@@ -216,6 +219,7 @@ class Model:
         rows = np.empty((len(wanted), self.n_vocab), dtype=np.float32)
         row_of = {i: r for r, i in enumerate(wanted)}
         batch = self._batch
+        t0 = time.perf_counter()
         for lo in range(0, len(tokens), self.n_batch):
             chunk = tokens[lo : lo + self.n_batch]
             batch.n_tokens = len(chunk)
@@ -236,6 +240,7 @@ class Model:
                     ptr = llama_cpp.llama_get_logits_ith(self._ctx, j)
                     rows[r] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
         self.kv_tokens.extend(tokens)
+        self.busy_seconds += time.perf_counter() - t0
         if list(logits_at) != wanted:
             return rows[[row_of[i] for i in logits_at]]
         return rows

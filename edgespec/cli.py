@@ -12,10 +12,9 @@ from typing import Any
 import click
 
 from edgespec.errors import EdgespecError
+from edgespec.events import Stats
 
-DRAFT_LEN_HELP = (
-    "Draft length γ: 'auto' (the controller picks per round, 0 included) or a fixed integer (0 = plain)."
-)
+DRAFT_LEN_HELP = "Draft length γ: 'auto' (the controller picks per round, 0 included) or a fixed integer (0 = plain)."
 
 
 def fail(message: str) -> None:
@@ -32,7 +31,8 @@ def user_errors():
         fail(str(exc))
 
 
-def parse_draft_len(value: str) -> int | str:
+def parse_draft_len(_ctx: click.Context | None, _param: click.Parameter | None, value: str) -> int | str:
+    """Click callback for --draft-len: 'auto' or an integer 0..64."""
     if value == "auto":
         return value
     try:
@@ -48,9 +48,7 @@ def model_options(f: Callable) -> Callable:
     """Options shared by every command that loads models (generate, chat, bench)."""
     for decorator in reversed(
         [
-            click.option(
-                "--pair", help="A target/draft pair from models.toml (default: the registry's default)."
-            ),
+            click.option("--pair", help="A target/draft pair from models.toml (default: the registry's default)."),
             click.option("--target", "-m", help="Target model: a GGUF path or a models.toml name."),
             click.option("--draft", "-d", help="Draft model: a GGUF path, a models.toml name, or 'none'."),
             click.option("--n-ctx", default=4096, show_default=True, help="Context window in tokens."),
@@ -68,10 +66,10 @@ def model_options(f: Callable) -> Callable:
                 default=None,
                 help="Draft layers to offload (default: same as --n-gpu-layers).",
             ),
+            click.option("--threads", "-t", type=int, default=None, help="CPU threads (default: physical cores)."),
             click.option(
-                "--threads", "-t", type=int, default=None, help="CPU threads (default: physical cores)."
+                "--draft-len", default="auto", show_default=True, callback=parse_draft_len, help=DRAFT_LEN_HELP
             ),
-            click.option("--draft-len", default="auto", show_default=True, help=DRAFT_LEN_HELP),
             click.option(
                 "--lookup/--no-lookup",
                 default=True,
@@ -93,9 +91,7 @@ def model_options(f: Callable) -> Callable:
 def sampling_options(f: Callable) -> Callable:
     for decorator in reversed(
         [
-            click.option(
-                "--max-tokens", "-n", default=256, show_default=True, help="Tokens to generate at most."
-            ),
+            click.option("--max-tokens", "-n", default=256, show_default=True, help="Tokens to generate at most."),
             click.option("--temperature", "--temp", default=0.8, show_default=True, help="0 = greedy."),
             click.option("--top-k", default=40, show_default=True, help="0 = off."),
             click.option("--top-p", default=0.95, show_default=True, help="1 = off."),
@@ -172,7 +168,7 @@ def load_runtime(opts: dict[str, Any], *, quiet: bool = False):
             n_gpu_layers=opts["n_gpu_layers"],
             n_gpu_layers_draft=opts["n_gpu_layers_draft"],
             n_threads=opts["threads"],
-            draft_len=parse_draft_len(opts["draft_len"]),
+            draft_len=opts["draft_len"],
             lookup=opts["lookup"],
             p_min=opts["p_min"],
             progress=progress,
@@ -183,15 +179,15 @@ def load_runtime(opts: dict[str, Any], *, quiet: bool = False):
             bar.close()
 
 
-def describe_stats(stats) -> str:
-    s = stats
-    share = s.t_other / s.t_total if s.t_total else 0.0
+def describe_stats(s: Stats) -> str:
+    """One line for stderr: speed, acceptance, and where the time went."""
     return (
         f"{s.generated} tokens in {s.t_decode:.2f}s: {s.tokens_per_second:.1f} tok/s | "
         f"drafted {s.drafted}, accepted {s.accepted} ({s.acceptance_rate:.0%}), "
         f"{s.tokens_per_verify:.2f} tokens/verify over {s.rounds} verifies | "
         f"prefill {s.prefilled_tokens}/{s.prompt_tokens} tokens {s.t_prefill:.2f}s, draft {s.t_draft:.2f}s, "
-        f"verify {s.t_verify:.2f}s, sampling {s.t_sample:.3f}s, other {s.t_other:.3f}s ({share:.1%})"
+        f"verify {s.t_verify:.2f}s, sampling {s.t_sample:.3f}s, other {s.t_other:.3f}s | "
+        f"outside llama.cpp {s.python_overhead:.1%} ({s.generated} tokens, {s.rounds} verifies)"
     )
 
 
@@ -218,12 +214,8 @@ def main(verbose: bool) -> None:
 @click.argument("prompt")
 @model_options
 @sampling_options
-@click.option(
-    "--chat", "as_chat", is_flag=True, help="Wrap PROMPT as a user message in the model's chat template."
-)
-@click.option(
-    "--json", "as_json", is_flag=True, help="Print one JSON object (text, tokens, stats) at the end."
-)
+@click.option("--chat", "as_chat", is_flag=True, help="Wrap PROMPT as a user message in the model's chat template.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, tokens, stats) at the end.")
 def generate(prompt: str, as_chat: bool, as_json: bool, **opts: Any) -> None:
     """Generate a continuation of PROMPT ('-' reads it from stdin).
 

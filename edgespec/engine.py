@@ -121,6 +121,8 @@ class Engine:
             for drafter in drafters.values():
                 drafter.reset(ctx)
             stats = replace(stats, prefilled_tokens=prefilled, t_prefill=clock() - t_start)
+            models = [target] if self.draft_model is None else [target, self.draft_model]
+            busy_at_start = sum(m.busy_seconds for m in models)
             text = TextStream(target.piece, params.stop)
             n_out = 0  # tokens committed after the prompt (an end-of-generation token included)
             out: list[int] = []  # the output's tokens (no end-of-generation token)
@@ -187,6 +189,7 @@ class Engine:
                     t_verify=stats.t_verify + (t2 - t1),
                     t_sample=stats.t_sample + (t3 - t2),
                     t_total=clock() - t_start,
+                    t_llama=sum(m.busy_seconds for m in models) - busy_at_start,
                     accepted_per_round=tuple(hist),
                     drafter=plan.drafter or "none",
                     draft_len=len(draft.tokens),

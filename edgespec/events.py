@@ -31,6 +31,7 @@ class Stats:
     t_verify: float = 0.0
     t_sample: float = 0.0
     t_total: float = 0.0
+    t_llama: float = 0.0  # of the time after the prefill, how much was spent inside llama.cpp decodes (both models)
     accepted_per_round: tuple[
         int, ...
     ] = ()  # histogram: accepted_per_round[k] = rounds that accepted k drafts
@@ -62,6 +63,11 @@ class Stats:
     def t_other(self) -> float:
         return max(self.t_total - self.t_prefill - self.t_draft - self.t_verify - self.t_sample, 0.0)
 
+    @property
+    def python_overhead(self) -> float:
+        """Share of the post-prefill wall time spent outside llama.cpp: the Python loop's cost."""
+        return max(self.t_decode - self.t_llama, 0.0) / self.t_decode if self.t_decode > 0 else 0.0
+
     def as_dict(self) -> dict:
         return {
             "prompt_tokens": self.prompt_tokens,
@@ -79,6 +85,8 @@ class Stats:
             "t_sample": round(self.t_sample, 4),
             "t_other": round(self.t_other, 4),
             "t_total": round(self.t_total, 4),
+            "t_llama": round(self.t_llama, 4),
+            "python_overhead": round(self.python_overhead, 4),
             "accepted_per_round": list(self.accepted_per_round),
             "drafter": self.drafter,
             "draft_len": self.draft_len,

@@ -33,6 +33,7 @@ class FakeModel:
         self.sharp = sharp
         self.eos_bias = eos_bias
         self.kv_tokens: list[int] = []
+        self.busy_seconds = 0.0
         self.decode_calls: list[tuple[int, int]] = []  # (n_tokens, n_logit_rows) of each decode
         self.name = f"fake-{seed}"
         self.path = self.name

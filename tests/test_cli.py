@@ -1,0 +1,111 @@
+"""`edgespec generate` end to end on the tiny model, and its error paths (one line, exit 1, no traceback)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from edgespec.cli import main
+
+
+def invoke(*args: str, input: str | None = None):
+    return CliRunner().invoke(main, list(args), input=input, catch_exceptions=False)
+
+
+def test_generate_json(tiny_model_path) -> None:
+    path = str(tiny_model_path)
+    result = invoke(
+        "generate",
+        "The capital of France is",
+        "-m",
+        path,
+        "-d",
+        path,
+        "--draft-len",
+        "3",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "12",
+        "--json",
+    )
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert set(out) >= {"text", "tokens", "stats", "finish_reason"}
+    stats = out["stats"]
+    assert len(out["tokens"]) <= 12 and stats["generated"] >= len(out["tokens"])
+    assert stats["drafted"] >= stats["accepted"] >= 0
+    assert 0 <= stats["acceptance_rate"] <= 1 and stats["tokens_per_second"] > 0
+
+
+def test_generate_streams_text_and_reports_stats_on_stderr(tiny_model_path) -> None:
+    result = invoke(
+        "generate",
+        "-",
+        "-m",
+        str(tiny_model_path),
+        "--draft",
+        "none",
+        "--temperature",
+        "0",
+        "-n",
+        "8",
+        input="Once upon a time",
+    )
+    assert result.exit_code == 0
+    assert result.stdout.strip()
+    assert "tok/s" in result.stderr and "outside llama.cpp" in result.stderr
+
+
+def test_greedy_text_is_the_same_with_and_without_speculation(tiny_model_path) -> None:
+    path = str(tiny_model_path)
+    common = ["generate", "def add(a, b):", "-m", path, "--temperature", "0", "-n", "24", "--json"]
+    plain = json.loads(invoke(*common, "--draft", "none", "--draft-len", "0").stdout)
+    spec = json.loads(invoke(*common, "-d", path, "--draft-len", "4").stdout)
+    assert plain["tokens"] == spec["tokens"]
+    assert plain["stats"]["drafted"] == 0 and spec["stats"]["drafted"] > 0
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--temperature", "-1"], "temperature"),
+        (["--top-p", "0"], "top_p"),
+        (["--max-tokens", "0"], "max_tokens"),
+    ],
+)
+def test_bad_sampling_values_are_one_line_errors(tiny_model_path, args, message) -> None:
+    result = invoke("generate", "hi", "-m", str(tiny_model_path), *args)
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error:") and message in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_bad_draft_len_is_a_usage_error(tiny_model_path) -> None:
+    result = invoke("generate", "hi", "-m", str(tiny_model_path), "--draft-len", "lots")
+    assert result.exit_code == 2 and "--draft-len" in result.stderr and "auto" in result.stderr
+
+
+def test_missing_model_is_a_one_line_error(tmp_path) -> None:
+    result = invoke("generate", "hi", "-m", str(tmp_path / "missing.gguf"))
+    assert result.exit_code == 1 and result.stderr.startswith("error:") and "missing.gguf" in result.stderr
+
+
+def test_incompatible_pair_is_a_one_line_error(tiny_model_path, qwen_draft_path) -> None:
+    result = invoke("generate", "hi", "-m", str(qwen_draft_path), "-d", str(tiny_model_path))
+    assert result.exit_code == 1 and result.stderr.startswith("error:")
+    assert "Traceback" not in result.output
+
+
+def test_context_overflow_is_a_one_line_error(tiny_model_path) -> None:
+    result = invoke("generate", "word " * 600, "-m", str(tiny_model_path), "--n-ctx", "256", "-n", "8")
+    assert result.exit_code == 1 and "context" in result.stderr
+
+
+def test_help_explains_the_options() -> None:
+    result = invoke("generate", "--help")
+    assert result.exit_code == 0
+    for option in ("--draft-len", "--n-gpu-layers", "--temperature", "--json", "--lookup"):
+        assert option in result.stdout
