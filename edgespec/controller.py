@@ -12,13 +12,18 @@ machine (on a CPU a 4-token verify costs ~2 single steps, on a GPU ~1). Estimate
 controller serves all requests of an engine.
 
 When one option wins, the others are no longer observed, so their estimates would freeze at whatever made
-them lose. Each idle drafter therefore earns an exploration credit, a fraction ``explore`` of the time spent,
-and is *probed* with a short draft once the credit pays for the probe's expected loss against the best
-option. A probe that does not change the decision halves that drafter's fraction (down to 1/8); one that does
-restores it. A drafter that sat out pays a catch-up on return (a draft model decodes the tokens it missed).
-That cost is measured apart from the per-token cost; up to ``catchup_allowance`` of a plain step per missed
-token is accepted as the price of keeping a drafter in the game, and any excess is charged to the probe, so a
-drafter whose catch-up costs more than exploring could ever pay for (the draft model on a CPU) is left alone.
+them lose. Two things keep them alive:
+
+* an idle drafter's acceptance evidence fades (``idle_decay`` per round), drifting back to the prior;
+* each idle drafter earns exploration credit, a fraction ``explore`` of the time spent, and is *probed* with
+  a short draft once the credit pays for the probe's expected loss against the best option. A probe that
+  neither changes the decision nor is accepted in full halves that fraction (down to 1/8); otherwise it is
+  restored.
+
+A drafter that sat out pays a catch-up on return (a draft model decodes the tokens it missed). That cost is
+measured apart from the per-token cost. Up to ``catchup_allowance`` of a plain step per missed token is
+accepted as the price of keeping a drafter in the game; any excess is charged to the round that brings it
+back, so a drafter whose catch-up costs more than it could win back (the draft model on a CPU) stays out.
 """
 
 from __future__ import annotations
@@ -49,12 +54,12 @@ class RoundController(Protocol):
 
     def plan(self, lookup_len: int = 0) -> Plan: ...
 
-    def observe(
-        self, plan: Plan, *, n_drafted: int, n_accepted: int, t_draft: float, t_verify: float
-    ) -> None: ...
+    def observe(self, plan: Plan, *, n_drafted: int, n_accepted: int, t_draft: float, t_verify: float) -> None: ...
 
     @property
     def plain_tokens_per_second(self) -> float: ...
+
+    def start_request(self) -> None: ...
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -209,6 +214,13 @@ class Controller:
     ``drafters`` names the available drafters; the one named ``"lookup"`` can only draft what
     :meth:`plan`'s ``lookup_len`` says it found, and its cost per token is assumed 0 until measured. Any
     other (``"model"``) is measured by a short first draft right after the first plain round.
+
+    Tuning (the defaults were chosen on :mod:`edgespec.controller_sim`'s CPU and GPU profiles):
+    ``alpha_prior``/``prior_weight`` the weak prior on α; ``alpha_decay`` forgetting per observed draft
+    position (~30 positions of memory), ``idle_decay`` per round a drafter sits out; ``cost_decay`` per timing
+    sample; ``verify_slope_prior`` the extra cost per verified token, in one-token decodes, assumed while only
+    one width is measured; ``optimism`` how much cheaper unmeasured widths are assumed; ``explore``,
+    ``max_backoff``, ``probe_gamma`` and ``catchup_allowance`` as in the module doc.
     """
 
     def __init__(
@@ -220,7 +232,7 @@ class Controller:
         alpha_prior: float = 0.6,
         prior_weight: float = 2.0,
         alpha_decay: float = 0.97,
-        idle_decay: float = 0.995,
+        idle_decay: float = 0.99,
         cost_decay: float = 0.9,
         verify_slope_prior: float = 0.5,
         optimism: float = 0.25,
@@ -254,6 +266,7 @@ class Controller:
     # ----- public ----------------------------------------------------------------------------------------
     @property
     def plain_tokens_per_second(self) -> float:
+        """1 / the measured cost of a one-token target decode; 0.0 before one was measured."""
         c1 = self._verify.measured(1)
         return 1.0 / c1 if c1 else 0.0
 
@@ -274,10 +287,9 @@ class Controller:
         plain = _Option(None, 0, 1.0 / curve[1], 1.0, curve[1])
         best_draft: _Option | None = None
         for d, cap in caps.items():
-            for g in range(1, cap + 1):
-                option = self._option(d, g, curve)
-                if option is not None and (best_draft is None or option.rate > best_draft.rate):
-                    best_draft = option
+            option = self._option(d, range(1, cap + 1), curve)
+            if option is not None and (best_draft is None or option.rate > best_draft.rate):
+                best_draft = option
         best = best_draft if best_draft is not None and best_draft.rate > plain.rate else plain
 
         if self._probing is not None:
@@ -301,9 +313,7 @@ class Controller:
             return Plan(None, 0, why)
         return Plan(best.drafter, best.gamma, self._describe(best, plain))
 
-    def observe(
-        self, plan: Plan, *, n_drafted: int, n_accepted: int, t_draft: float, t_verify: float
-    ) -> None:
+    def observe(self, plan: Plan, *, n_drafted: int, n_accepted: int, t_draft: float, t_verify: float) -> None:
         if not 0 <= n_accepted <= n_drafted:
             raise ValueError(f"need 0 <= n_accepted <= n_drafted, got {n_accepted}, {n_drafted}")
         self._verify.add(n_drafted + 1, t_verify)
@@ -334,21 +344,28 @@ class Controller:
             return 0.0  # an index lookup; measured once it runs
         return cost
 
-    def _option(
-        self, drafter: str, gamma: int, curve: list[float], cost: float | None = None
-    ) -> _Option | None:
+    def _option(self, drafter: str, gammas: range, curve: list[float], cost: float | None = None) -> _Option | None:
+        """The fastest of drafting γ in ``gammas`` with ``drafter`` (None if its cost is unknown)."""
         cost = self._draft_cost(drafter) if cost is None else cost
-        if cost is None:
+        if cost is None or not gammas:
             return None
         st = self._state[drafter]
-        tokens = expected_tokens(st.acceptance.alpha, gamma)
-        seconds = curve[gamma + 1] + gamma * cost
+        alpha = st.acceptance.alpha
+        switch = 0.0
         if st.gap > 2:
             # Back after sitting out: the catch-up beyond the allowance (see the module doc) is charged to
             # this round, so a drafter dear to bring back is not switched to on a marginal estimate.
             excess = max((st.catchup.value or 0.0) - self.catchup_allowance * curve[1], 0.0)
-            seconds += st.gap * excess
-        return _Option(drafter, gamma, tokens / seconds, tokens, seconds)
+            switch = st.gap * excess
+        best = None
+        for gamma in gammas:
+            tokens = expected_tokens(alpha, gamma)
+            seconds = curve[gamma + 1] + gamma * cost + switch
+            if best is None or tokens / seconds > best[0]:
+                best = (tokens / seconds, gamma, tokens, seconds)
+        assert best is not None
+        rate, gamma, tokens, seconds = best
+        return _Option(drafter, gamma, rate, tokens, seconds)
 
     def _pick_probe(self, best: _Option, caps: dict[str, int], curve: list[float]) -> _Option | None:
         """The idle drafter whose credit covers a short draft's expected loss with the most to spare."""
@@ -360,7 +377,8 @@ class Controller:
             # A drafter never measured costs, for this purpose, a target step per token: its first probe is
             # immediate (infinite credit), a retry (it drafted nothing) waits for credit like any probe.
             cost = self._draft_cost(d)
-            option = self._option(d, min(self.probe_gamma, cap), curve, curve[1] if cost is None else cost)
+            gamma = min(self.probe_gamma, cap)
+            option = self._option(d, range(gamma, gamma + 1), curve, curve[1] if cost is None else cost)
             assert option is not None
             loss = option.seconds - option.tokens / best.rate
             if st.credit >= loss and st.credit - loss > spare:
@@ -412,6 +430,9 @@ class FixedController:
         c1 = self._plain.value
         return 1.0 / c1 if c1 else 0.0
 
+    def start_request(self) -> None:
+        """A fixed plan keeps no per-drafter state that a new request would change."""
+
     def plan(self, lookup_len: int = 0) -> Plan:
         if self.drafter is None:
             return Plan(None, 0, "fixed: plain decoding")
@@ -420,8 +441,6 @@ class FixedController:
             return Plan(None, 0, "fixed: lookup found nothing")
         return Plan(self.drafter, gamma, f"fixed: {self.drafter} γ={gamma}")
 
-    def observe(
-        self, plan: Plan, *, n_drafted: int, n_accepted: int, t_draft: float, t_verify: float
-    ) -> None:
+    def observe(self, plan: Plan, *, n_drafted: int, n_accepted: int, t_draft: float, t_verify: float) -> None:
         if n_drafted == 0:
             self._plain.add(t_verify)

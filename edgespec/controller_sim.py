@@ -54,7 +54,9 @@ GPU_PROFILE = CostProfile(
 )
 
 AlphaSchedule = Mapping[str, float] | Callable[[int], Mapping[str, float]]  # fixed, or by tokens generated
-LookupSchedule = int | Callable[[np.random.Generator], int]  # tokens the lookup drafter has each round
+# How many tokens the lookup drafter has ready: fixed, or by (tokens generated so far, rng). Output echoes its
+# input at *text positions*, so a schedule by position (copy spans) is more faithful than a per-round coin.
+LookupSchedule = int | Callable[[int, np.random.Generator], int]
 
 
 @dataclass
@@ -87,7 +89,7 @@ def simulate(
     result = SimResult()
     gap: dict[str, int] = {}  # tokens each drafter missed since it last ran
     while result.tokens < n_tokens:
-        found = lookup_len(rng) if callable(lookup_len) else lookup_len
+        found = lookup_len(result.tokens, rng) if callable(lookup_len) else lookup_len
         plan = controller.plan(found)
         d = plan.drafter
         gamma = min(plan.gamma, found) if d == LOOKUP else plan.gamma
@@ -116,6 +118,16 @@ def _accepted(rng: np.random.Generator, alpha: float, gamma: int) -> int:
     while k < gamma and rng.random() < alpha:
         k += 1
     return k
+
+
+def copy_spans(period: int, span: int) -> Callable[[int, np.random.Generator], int]:
+    """A lookup schedule: the first ``span`` of every ``period`` tokens repeat earlier text; lookup has the
+    rest of the span ready there and nothing elsewhere."""
+
+    def found(tokens: int, rng: np.random.Generator) -> int:
+        return max(span - tokens % period, 0)
+
+    return found
 
 
 def expected_rate(profile: CostProfile, drafter: str | None, gamma: int, alpha: float) -> float:

@@ -15,7 +15,7 @@ from dataclasses import replace
 import numpy as np
 
 from edgespec.backend import Model
-from edgespec.controller import Controller, FixedController, Plan
+from edgespec.controller import Controller, FixedController, Plan, RoundController
 from edgespec.drafters.base import Draft, Drafter
 from edgespec.drafters.lookup import LookupDrafter
 from edgespec.drafters.model import ModelDrafter
@@ -61,7 +61,7 @@ class Engine:
     def set_draft_len(self, draft_len: int | str) -> None:
         """Switch between the adaptive controller (``"auto"``) and a fixed γ, between requests or mid-session."""
         if draft_len == "auto":
-            self.controller: Controller | FixedController = Controller(
+            self.controller: RoundController = Controller(
                 list(self.drafters), max_gamma=self.max_gamma
             )
         else:
@@ -120,6 +120,7 @@ class Engine:
             prefilled = target.sync(ctx[:-1])
             for drafter in drafters.values():
                 drafter.reset(ctx)
+            controller.start_request()  # every drafter is in step with the prompt: nothing to catch up
             stats = replace(stats, prefilled_tokens=prefilled, t_prefill=clock() - t_start)
             models = [target] if self.draft_model is None else [target, self.draft_model]
             busy_at_start = sum(m.busy_seconds for m in models)

@@ -26,7 +26,7 @@ NGram = tuple[int, ...]
 class LookupDrafter:
     """Deterministic drafter (``q=None``) that copies the continuation of the longest, latest n-gram match.
 
-    ``min_n``/``max_n`` bound the n-gram length (llama.cpp's n-gram drafting uses 1..4). The default skips
+    ``min_n``/``max_n`` bound the n-gram length (llama.cpp's n-gram cache uses 1..4). The default skips
     1-grams: a single repeated token (a bracket, a space) predicts its successor poorly, and a rejected draft
     still widens the verify, which on a CPU costs about half a decode per token.
     """
