@@ -144,6 +144,16 @@ class Model:
         self.kv_tokens: list[int] = []
         # Wall time spent inside llama_decode and copying its logits out: what the Python loop cannot speed up.
         self.busy_seconds = 0.0
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        # The first decode pays for page faults on the memory-mapped weights and for allocating compute buffers
+        # (seconds for a 1 GB model). Pay it while loading, as llama.cpp's own tools do, so the first verify
+        # does not look like the cost of decoding and mislead the controller.
+        first = self.vocab.bos if self.vocab.bos >= 0 else 0
+        self.decode([first], [0])
+        self.truncate(0)
+        self.busy_seconds = 0.0
 
     # ----- facts -------------------------------------------------------------------------------------------
     def meta(self, key: str) -> str | None:

@@ -109,12 +109,13 @@ class Engine:
             self._busy.release()
 
     def _run(self, ctx: list[int], params: SamplingParams, cancel: threading.Event | None) -> Iterator[Event]:
-        target, drafters, controller = self.target, self.drafters, self.controller
+        # A settings change (set_draft_len) during this request takes effect with the next one.
+        target, drafters, controller, max_gamma = self.target, self.drafters, self.controller, self.max_gamma
         rng = params.rng()
         n_prompt = len(ctx)
         clock = time.perf_counter
         t_start = clock()
-        stats = Stats(prompt_tokens=n_prompt, accepted_per_round=(0,) * (self.max_gamma + 1))
+        stats = Stats(prompt_tokens=n_prompt, accepted_per_round=(0,) * (max_gamma + 1))
         try:
             # Prefill: the KV of everything but the pending last token; a shared prefix is kept, not recomputed.
             prefilled = target.sync(ctx[:-1])
@@ -130,7 +131,7 @@ class Engine:
             spans: list[Span] = []
             emitted: list[int] = []
             from_draft: list[bool] = []
-            hist = [0] * (self.max_gamma + 1)
+            hist = [0] * (max_gamma + 1)
             finish, stopped_by = "length", None
 
             while True:
@@ -141,7 +142,7 @@ class Engine:
 
                 # 1. Draft.
                 t0 = clock()
-                plan, draft = self._draft(ctx, room - 1, params, rng)
+                plan, draft = self._draft(controller, ctx, min(room - 1, max_gamma), params, rng)
                 t1 = clock()
                 # 2. Verify: one target decode of [x_{n-1}, d_1..d_γ], logits at all γ+1 positions.
                 batch = [ctx[-1], *draft.tokens]
@@ -179,7 +180,7 @@ class Engine:
                         break
                 out.extend(emitted)
                 n_out += len(new)
-                hist[min(k, self.max_gamma)] += 1
+                hist[k] += 1
                 stats = replace(
                     stats,
                     generated=n_out,
@@ -222,14 +223,19 @@ class Engine:
 
     # ----- the phases ----------------------------------------------------------------------------------------
     def _draft(
-        self, ctx: list[int], max_len: int, params: SamplingParams, rng: np.random.Generator
+        self,
+        controller: RoundController,
+        ctx: list[int],
+        max_len: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
     ) -> tuple[Plan, Draft]:
         lookup_draft = Draft.empty()
         lookup = self.drafters.get("lookup")
         if lookup is not None and max_len > 0:
             # Costs ~nothing, so look first and let the controller weigh what was found.
-            lookup_draft = lookup.propose(ctx, min(self.max_gamma, max_len), params, None)
-        plan = self.controller.plan(lookup_len=len(lookup_draft.tokens))
+            lookup_draft = lookup.propose(ctx, max_len, params, None)
+        plan = controller.plan(lookup_len=len(lookup_draft.tokens))
         gamma = min(plan.gamma, max_len)
         if plan.drafter is None or gamma <= 0:
             return plan, Draft.empty()
