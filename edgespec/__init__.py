@@ -6,14 +6,22 @@ The public API lives in :mod:`edgespec.api`; the most used names are re-exported
 
 from __future__ import annotations
 
-from edgespec.errors import (
+# Load llama.cpp's shared libraries before numpy's. On a CUDA image with numpy 2.5 (a PyTorch venv), loading any
+# model segfaulted when numpy (and the OpenMP/BLAS libraries it bundles) had been imported first; llama_cpp first
+# loads fine. It costs ~40 ms. If llama_cpp is missing, the backend's own import reports it when a model loads.
+try:
+    import llama_cpp  # noqa: F401
+except ImportError:
+    pass
+
+from edgespec.errors import (  # noqa: E402
     ContextOverflowError,
     EdgespecError,
     InvalidParameterError,
     ModelError,
     VocabMismatchError,
 )
-from edgespec.sampling import SamplingParams
+from edgespec.sampling import SamplingParams  # noqa: E402
 
 __version__ = "0.1.0"
 

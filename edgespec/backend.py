@@ -226,32 +226,38 @@ class Model:
                 f"{self.name}: {start + len(tokens)} tokens do not fit the context of {self.n_ctx}"
             )
         wanted = sorted(set(logits_at))
+        if wanted and (wanted[0] < 0 or wanted[-1] >= len(tokens)):
+            raise ValueError(f"logits_at {list(logits_at)} must index into the {len(tokens)} tokens decoded")
         rows = np.empty((len(wanted), self.n_vocab), dtype=np.float32)
-        row_of = {i: r for r, i in enumerate(wanted)}
         batch = self._batch
         t0 = time.perf_counter()
+        n_done = 0  # rows filled so far
         for lo in range(0, len(tokens), self.n_batch):
             chunk = tokens[lo : lo + self.n_batch]
             batch.n_tokens = len(chunk)
+            n_out = 0
             for j, tok in enumerate(chunk):
+                want = n_done + n_out < len(wanted) and wanted[n_done + n_out] == lo + j
                 batch.token[j] = tok
                 batch.pos[j] = start + lo + j
                 batch.n_seq_id[j] = 1
                 batch.seq_id[j][0] = 0
-                batch.logits[j] = (lo + j) in row_of
+                batch.logits[j] = want
+                n_out += want
             rc = llama_cpp.llama_decode(self._ctx, batch)
             if rc != 0:
                 # Leave the KV as it was before this call, so the caller's bookkeeping stays true.
                 llama_cpp.llama_memory_seq_rm(self._mem, 0, start, -1)
                 raise ModelError(f"{self.name}: llama_decode failed with code {rc}")
-            for j in range(len(chunk)):
-                r = row_of.get(lo + j)
-                if r is not None:
-                    ptr = llama_cpp.llama_get_logits_ith(self._ctx, j)
-                    rows[r] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+            if n_out:
+                # The requested rows sit contiguously, in batch order: one copy, not one per row.
+                block = np.ctypeslib.as_array(llama_cpp.llama_get_logits(self._ctx), shape=(n_out * self.n_vocab,))
+                rows[n_done : n_done + n_out] = block.reshape(n_out, self.n_vocab)
+                n_done += n_out
         self.kv_tokens.extend(tokens)
         self.busy_seconds += time.perf_counter() - t0
         if list(logits_at) != wanted:
+            row_of = {i: r for r, i in enumerate(wanted)}
             return rows[[row_of[i] for i in logits_at]]
         return rows
 

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from edgespec.engine import parse_draft_len
 from edgespec.errors import ContextOverflowError, EdgespecError, InvalidParameterError
 from edgespec.events import Event, Finished, Stats
 from edgespec.history import ChatStore, Conversation, Message, merge_spans
@@ -60,16 +61,6 @@ def parse_command(line: str) -> Command | None:
 
 def help_lines() -> list[str]:
     return [f"/{name} {arg}".ljust(20) + text for name, (arg, text) in COMMANDS.items()]
-
-
-def parse_draft_len(value: str) -> int | str:
-    """``auto``, ``off`` (= 0) or an integer 0..64."""
-    value = value.strip().lower()
-    if value in ("auto", "off"):
-        return "auto" if value == "auto" else 0
-    if value.isdigit() and int(value) <= 64:
-        return int(value)
-    raise InvalidParameterError(f"draft length must be 'auto', 'off' or an integer 0..64, got {value!r}")
 
 
 def describe_draft_len(draft_len: int | str) -> str:
@@ -125,8 +116,7 @@ class ChatSession:
 
     def set_draft_len(self, draft_len: int | str) -> None:
         """Change γ now, or when the running reply ends (the engine must not be reconfigured mid-request)."""
-        if not (draft_len == "auto" or (isinstance(draft_len, int) and 0 <= draft_len <= 64)):
-            raise InvalidParameterError(f"draft length must be 'auto' or an integer 0..64, got {draft_len!r}")
+        draft_len = parse_draft_len(draft_len)
         if draft_len != 0:
             self._speculative_len = draft_len
         with self._lock:

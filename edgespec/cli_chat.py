@@ -1,7 +1,6 @@
 """``edgespec chat``: the Textual chat on a terminal, a plain REPL otherwise (or with ``--no-tui``).
 
-The options mirror ``edgespec generate``'s. They are declared here rather than imported from
-:mod:`edgespec.cli`, which imports this module while it is being built.
+The model and sampling options are ``edgespec generate``'s (:mod:`edgespec.cli_common`).
 """
 
 from __future__ import annotations
@@ -12,43 +11,15 @@ from typing import Any
 
 import click
 
+from edgespec.cli_common import fail, model_options, sampling_options, sampling_params
 from edgespec.errors import EdgespecError
 
 DEFAULT_MAX_TOKENS = 1024  # a chat reply may be long; the session also cuts it to what fits the context
 
 
-def _fail(message: str) -> None:
-    click.echo(f"error: {message}", err=True)
-    sys.exit(1)
-
-
-def _draft_len(_ctx: click.Context, _param: click.Parameter, value: str | None) -> int | str | None:
-    if value is None:
-        return None
-    from edgespec.chat_session import parse_draft_len
-
-    try:
-        return parse_draft_len(value)
-    except EdgespecError as exc:
-        raise click.BadParameter(str(exc)) from None
-
-
 @click.command("chat")
-@click.option("--pair", help="A target/draft pair from models.toml (default: the registry's default).")
-@click.option("--target", "-m", help="Target model: a GGUF path or a models.toml name.")
-@click.option("--draft", "-d", help="Draft model: a GGUF path, a models.toml name, or 'none'.")
-@click.option("--n-ctx", default=4096, show_default=True, help="Context window in tokens.")
-@click.option("--n-gpu-layers", "-ngl", default=0, show_default=True, help="Target layers on GPU (-1: all).")
-@click.option("--n-gpu-layers-draft", "-ngld", type=int, default=None, help="Draft layers on the GPU.")
-@click.option("--threads", "-t", type=int, default=None, help="CPU threads (default: physical cores).")
-@click.option("--draft-len", callback=_draft_len, help="'auto', 'off' or a fixed γ (default: the pair's).")
-@click.option("--lookup/--no-lookup", default=True, show_default=True, help="Also draft by prompt lookup.")
-@click.option("--temperature", "--temp", default=0.8, show_default=True, help="0 = greedy.")
-@click.option("--top-k", default=40, show_default=True, help="0 = off.")
-@click.option("--top-p", default=0.95, show_default=True, help="1 = off.")
-@click.option("--min-p", default=0.05, show_default=True, help="0 = off.")
-@click.option("--seed", type=int, default=None, help="Seed for reproducible replies.")
-@click.option("--max-tokens", "-n", default=DEFAULT_MAX_TOKENS, show_default=True, help="Reply length cap.")
+@model_options
+@sampling_options(max_tokens=DEFAULT_MAX_TOKENS)
 @click.option("--system", help="System prompt of a new chat.")
 @click.option(
     "--resume",
@@ -75,10 +46,10 @@ def chat(**opts: Any) -> None:
             _list(store)
             return
         conversation = _conversation(store, opts["resume"], opts["system"])
-        params = _params(opts)
+        params = sampling_params(opts)
         target, draft, draft_len = _models(opts, conversation)
     except EdgespecError as exc:
-        _fail(str(exc))
+        fail(str(exc))
         return
     if conversation is None:
         conversation = Conversation(system=opts["system"])
@@ -96,6 +67,7 @@ def chat(**opts: Any) -> None:
             n_threads=opts["threads"],
             draft_len=draft_len,
             lookup=opts["lookup"],
+            p_min=opts["p_min"],
             progress=progress,
             show_fetch_progress=show_fetch_progress,
         )
@@ -135,19 +107,6 @@ def _conversation(store, resume: str | None, system: str | None):
     return conversation
 
 
-def _params(opts: dict[str, Any]):
-    from edgespec.sampling import SamplingParams
-
-    return SamplingParams(
-        temperature=opts["temperature"],
-        top_k=opts["top_k"],
-        top_p=opts["top_p"],
-        min_p=opts["min_p"],
-        seed=opts["seed"],
-        max_tokens=opts["max_tokens"],
-    )
-
-
 def _models(opts: dict[str, Any], conversation) -> tuple[str, str | None, int | str]:
     """Target, draft and draft length from the options; a resumed chat reloads its own models by default."""
     pair, target, draft = opts["pair"], opts["target"], opts["draft"]
@@ -180,7 +139,7 @@ def _run_repl(load, params, store, conversation) -> None:
     try:
         runtime = load(progress, show_fetch_progress=True)
     except EdgespecError as exc:
-        _fail(str(exc))
+        fail(str(exc))
         return
     if sys.stderr.isatty():
         click.echo("\r\x1b[K", err=True, nl=False)
@@ -202,4 +161,4 @@ def _run_tui(load, params, store, conversation) -> None:
         chat_id = app.session.conversation.id
         click.echo(f"chat saved as {chat_id} (edgespec chat --resume {chat_id})", err=True)
     if app.load_error is not None:
-        _fail(app.load_error)
+        fail(app.load_error)

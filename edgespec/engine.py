@@ -26,6 +26,17 @@ from edgespec.text import TextStream
 from edgespec.verify import Verdict, verify_greedy, verify_stochastic
 
 DEFAULT_MAX_GAMMA = 8
+MAX_DRAFT_LEN = 64
+
+
+def parse_draft_len(value: str | int) -> int | str:
+    """``"auto"``, ``"off"`` (= 0) or an integer 0..64, as typed on a command line or in a chat command."""
+    text = str(value).strip().lower()
+    if text in ("auto", "off"):
+        return "auto" if text == "auto" else 0
+    if text.isdigit() and int(text) <= MAX_DRAFT_LEN:
+        return int(text)
+    raise InvalidParameterError(f"draft length must be 'auto', 'off' or an integer 0..{MAX_DRAFT_LEN}, got {value!r}")
 
 
 class Engine:
@@ -61,16 +72,12 @@ class Engine:
     def set_draft_len(self, draft_len: int | str) -> None:
         """Switch between the adaptive controller (``"auto"``) and a fixed γ, between requests or mid-session."""
         if draft_len == "auto":
-            self.controller: RoundController = Controller(
-                list(self.drafters), max_gamma=self.max_gamma
-            )
+            self.controller: RoundController = Controller(list(self.drafters), max_gamma=self.max_gamma)
         else:
             if isinstance(draft_len, str) and draft_len.isdigit():
                 draft_len = int(draft_len)
             if not isinstance(draft_len, int) or not 0 <= draft_len <= 64:
-                raise InvalidParameterError(
-                    f"draft_len must be 'auto' or an integer 0..64, got {draft_len!r}"
-                )
+                raise InvalidParameterError(f"draft_len must be 'auto' or an integer 0..64, got {draft_len!r}")
             name = "model" if "model" in self.drafters else ("lookup" if "lookup" in self.drafters else None)
             self.max_gamma = max(self.max_gamma, draft_len)
             self.controller = FixedController(name if draft_len else None, draft_len)
@@ -97,9 +104,7 @@ class Engine:
         self._check_fits(len(prompt), params.max_tokens)
         return self._locked_run(list(prompt), params, cancel)
 
-    def _locked_run(
-        self, ctx: list[int], params: SamplingParams, cancel: threading.Event | None
-    ) -> Iterator[Event]:
+    def _locked_run(self, ctx: list[int], params: SamplingParams, cancel: threading.Event | None) -> Iterator[Event]:
         if not self._busy.acquire(blocking=False):
             raise EdgespecError("the engine is busy with another request (one at a time per loaded model)")
         self._cancel.clear()
@@ -160,9 +165,7 @@ class Engine:
                 ctx.extend(new)
                 self._roll_back(ctx)
                 # 5. Update the controller's estimates.
-                controller.observe(
-                    plan, n_drafted=len(draft.tokens), n_accepted=k, t_draft=t1 - t0, t_verify=t2 - t1
-                )
+                controller.observe(plan, n_drafted=len(draft.tokens), n_accepted=k, t_draft=t1 - t0, t_verify=t2 - t1)
 
                 # Emit the committed tokens' text; an end-of-generation token or a stop string ends the request.
                 spans = []
@@ -214,9 +217,7 @@ class Engine:
             elif tail:
                 yield Chunk(tail, (), (), (Span(tail, False),), stats)
             stats = replace(stats, t_total=clock() - t_start)
-            yield Finished(
-                text=text.text, tokens=tuple(out), finish_reason=finish, stats=stats, stopped_by=stopped_by
-            )
+            yield Finished(text=text.text, tokens=tuple(out), finish_reason=finish, stats=stats, stopped_by=stopped_by)
         finally:
             # Early exit (exception, generator closed): leave both caches consistent with what is committed.
             self._roll_back(ctx)
@@ -244,9 +245,7 @@ class Engine:
         return plan, self.drafters[plan.drafter].propose(ctx, gamma, params, rng)
 
     @staticmethod
-    def _accept(
-        draft: Draft, logits: np.ndarray, params: SamplingParams, rng: np.random.Generator
-    ) -> Verdict:
+    def _accept(draft: Draft, logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> Verdict:
         if params.greedy:
             return verify_greedy(draft.tokens, logits.argmax(axis=1))
         p = [warp(row, params) for row in logits]

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from edgespec.chat_session import ChatSession, Command, parse_command, parse_draft_len
+from edgespec.chat_session import ChatSession, Command, parse_command
+from edgespec.engine import parse_draft_len
 from edgespec.errors import ContextOverflowError, EdgespecError, InvalidParameterError
 from edgespec.events import Chunk, Finished, Span, Stats
 from edgespec.history import ChatStore

@@ -1,0 +1,675 @@
+"""`edgespec bench`: a workload suite run under several decoding strategies on the same loaded models.
+
+Strategies (names as ``--strategies`` takes them):
+
+* ``plain``: the target alone (γ = 0), the reference every speedup is a ratio to;
+* ``draft-N``: the draft model at a fixed γ = N, no lookup;
+* ``lookup``: prompt lookup at a fixed γ (``lookup_len``), plain rounds where it finds nothing;
+* ``auto``: the cost-aware controller over the draft model, lookup and plain;
+* ``llama-cpp`` / ``llama-cpp-lookup``: llama-cpp-python's own ``Llama`` on the target file, plain and with
+  its ``LlamaPromptLookupDecoding`` (γ = ``lookup_len``), as peers.
+
+Fairness: every strategy uses the same loaded models (the peers load their own copy of the target file, which
+the OS shares through mmap), one warm-up generation precedes timing, and for each prompt all strategies run
+back to back, starting at a rotating position, so load from other processes hits them alike. Only decoding is
+timed: the prompt's prefill (cached across strategies for the engine, not for peers) is excluded. ``auto``
+gets one fresh engine per task class, run over all of that class's prompts: its estimates carry over between
+prompts of one kind of text, as they would in a session, but no class benefits from what another taught it.
+
+Speedups are ratios of rates measured side by side in one run; nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from edgespec.cli_common import load_runtime, model_options, user_errors
+from edgespec.errors import EdgespecError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+if TYPE_CHECKING:
+    from edgespec.backend import Model
+    from edgespec.engine import Engine
+    from edgespec.sampling import SamplingParams
+
+PLAIN = "plain"
+ENGINE_STRATEGIES = ("plain", "draft-2", "draft-3", "draft-4", "lookup", "auto")
+PEER_STRATEGIES = ("llama-cpp", "llama-cpp-lookup")
+DEFAULT_LOOKUP_LEN = 4  # γ for fixed lookup; on a CPU a wider verify costs ~half a step per token
+WARMUP_TOKENS = 8
+_DRAFT_N = re.compile(r"draft-(\d+)")
+
+
+# ----- the workload suite -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    messages: tuple[dict, ...]  # chat messages (role, content), rendered with the target's own template
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    description: str
+    prompts: tuple[Prompt, ...]
+
+
+def _parse_task(text: str, source: str) -> Task:
+    try:
+        raw = tomllib.loads(text)
+        prompts = tuple(
+            Prompt(str(p["id"]), tuple({"role": m["role"], "content": m["content"]} for m in p["messages"]))
+            for p in raw["prompts"]
+        )
+        task = Task(str(raw["name"]), str(raw.get("description", "")), prompts)
+    except (tomllib.TOMLDecodeError, KeyError, TypeError) as exc:
+        raise EdgespecError(f"{source}: not a workload file ({exc})") from exc
+    if not task.prompts:
+        raise EdgespecError(f"{source}: the task {task.name!r} has no prompts")
+    return task
+
+
+def load_tasks(
+    names: Sequence[str] | None = None, *, prompts_per_task: int | None = None, source: Path | None = None
+) -> list[Task]:
+    """The task classes to run, in the suite's order (``names`` picks and orders a subset).
+
+    ``source``: a workload ``.toml`` or a folder of them instead of the suite shipped in edgespec/workloads.
+    """
+    if source is None:
+        shipped = resources.files("edgespec").joinpath("workloads")
+        files = [(f.name, f.read_text("utf-8")) for f in shipped.iterdir() if f.name.endswith(".toml")]
+    elif source.is_dir():
+        files = [(str(f), f.read_text("utf-8")) for f in source.glob("*.toml")]
+    else:
+        files = [(str(source), source.read_text("utf-8"))]
+    parsed = sorted((_parse_task(text, name) for name, text in files), key=lambda t: t.name)
+    suite = {t.name: t for t in parsed}
+    if names:
+        unknown = [n for n in names if n not in suite]
+        if unknown:
+            raise EdgespecError(f"unknown task {', '.join(unknown)}; the suite has: {', '.join(suite)}")
+        tasks = [suite[n] for n in names]
+    else:
+        tasks = list(suite.values())
+    if prompts_per_task is not None:
+        tasks = [Task(t.name, t.description, t.prompts[:prompts_per_task]) for t in tasks]
+    return tasks
+
+
+def render_prompt(model: Model, messages: Sequence[dict]) -> list[int]:
+    """Tokens of ``messages`` in the model's chat format, as ``Runtime.chat`` would send them."""
+    from edgespec.api import Runtime
+    from edgespec.engine import Engine
+
+    return Runtime(Engine(model, None, draft_len=0, lookup=False)).render_chat(messages)
+
+
+# ----- one measured generation ------------------------------------------------------------------------------
+@dataclass
+class RunRecord:
+    """One prompt under one strategy. ``token_times`` spreads each round's time over the tokens it made."""
+
+    task: str
+    prompt: str
+    strategy: str
+    generated: int  # tokens committed (an end-of-generation token included)
+    decode_tokens: int  # tokens the decode time covers (peers: the first token comes with their prefill)
+    t_prefill: float
+    t_decode: float
+    t_other: float | None  # the engine's unaccounted loop time (Python overhead); unknown for peers
+    rounds: int  # target decodes after the prompt
+    drafted: int
+    accepted: int
+    finish_reason: str
+    text: str
+    token_times: list[float] = field(default_factory=list)  # seconds per token, one entry per decode token
+
+
+def _spread(times: list[float], dt: float, n: int) -> None:
+    times.extend([dt / n] * n)
+
+
+def measure_engine(engine: Engine, prompt: Sequence[int], params: SamplingParams) -> dict[str, Any]:
+    """Generate once; times come from the engine's own clock in each event's stats, not the consumer's."""
+    from edgespec.events import Finished
+
+    times: list[float] = []
+    t_mark: float | None = None
+    n_mark = 0
+    for event in engine.stream(prompt, params):
+        s = event.stats
+        if t_mark is None:
+            t_mark = s.t_prefill
+        if s.generated > n_mark:  # a round committed tokens (a tail-only chunk repeats the last stats)
+            _spread(times, s.t_total - t_mark, s.generated - n_mark)
+            t_mark, n_mark = s.t_total, s.generated
+        if isinstance(event, Finished):
+            done = event
+    s = done.stats
+    return dict(
+        generated=s.generated,
+        decode_tokens=s.generated,
+        t_prefill=s.t_prefill,
+        t_decode=s.t_decode,
+        t_other=s.t_other,
+        rounds=s.rounds,
+        drafted=s.drafted,
+        accepted=s.accepted,
+        finish_reason=done.finish_reason,
+        text=done.text,
+        token_times=times,
+    )
+
+
+class Peer:
+    """llama-cpp-python's high-level ``Llama`` on the target file, with or without its prompt-lookup drafting.
+
+    Its loop is observed from outside: ``eval`` is wrapped to count target decodes and ``generate`` to stamp each
+    token as it comes out, so the tokens sampled after the same eval form one round.
+    """
+
+    def __init__(self, path: Path, *, n_ctx: int, n_threads: int, n_gpu_layers: int, lookup_len: int = 0) -> None:
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        class CountingLookup(LlamaPromptLookupDecoding):
+            drafted = 0
+
+            def __call__(self, input_ids, /, **kwargs):
+                out = super().__call__(input_ids, **kwargs)
+                self.drafted += len(out)
+                return out
+
+        self.drafter = CountingLookup(num_pred_tokens=lookup_len) if lookup_len else None
+        # logits_all must be explicit with a draft model: 0.3.36 turns it on internally but sizes the logits
+        # buffer by the argument, n_batch rows, and fails once a context outgrows n_batch.
+        self.llm = Llama(
+            model_path=str(path),
+            n_ctx=n_ctx,
+            n_threads=n_threads,
+            n_threads_batch=n_threads,
+            n_gpu_layers=n_gpu_layers,
+            draft_model=self.drafter,
+            logits_all=self.drafter is not None,
+            verbose=False,
+        )
+        self.evals = 0
+        self.stamps: list[tuple[float, int]] = []  # (time, evals so far) per generated token
+        eval_, generate = self.llm.eval, self.llm.generate
+
+        def counted_eval(tokens):
+            self.evals += 1
+            return eval_(tokens)
+
+        def stamped_generate(*args, **kwargs):
+            for token in generate(*args, **kwargs):
+                self.stamps.append((time.perf_counter(), self.evals))
+                yield token
+
+        # Instance attributes shadow the methods that create_completion and generate call.
+        self.llm.eval = counted_eval
+        self.llm.generate = stamped_generate
+
+    def measure(self, prompt: Sequence[int], params: SamplingParams) -> dict[str, Any]:
+        self.evals = 0
+        self.stamps = stamps = []
+        drafted0 = self.drafter.drafted if self.drafter else 0
+        t0 = time.perf_counter()
+        pieces, finish = [], "length"
+        for chunk in self.llm.create_completion(
+            prompt=list(prompt),
+            max_tokens=params.max_tokens,
+            temperature=params.temperature,
+            top_k=params.top_k,
+            top_p=params.top_p,
+            min_p=params.min_p,
+            repeat_penalty=1.0,
+            seed=params.seed,
+            stream=True,
+        ):
+            choice = chunk["choices"][0]
+            pieces.append(choice["text"])
+            finish = choice["finish_reason"] or finish
+        if not stamps:
+            raise EdgespecError("llama-cpp-python generated nothing")
+        # The first token is sampled from the prompt's own eval, so it belongs to the prefill.
+        times: list[float] = []
+        rounds = accepted = 0
+        t_mark, i = stamps[0][0], 1
+        while i < len(stamps):
+            j = i
+            while j < len(stamps) and stamps[j][1] == stamps[i][1]:
+                j += 1
+            _spread(times, stamps[j - 1][0] - t_mark, j - i)
+            rounds, accepted, t_mark, i = rounds + 1, accepted + (j - i - 1), stamps[j - 1][0], j
+        return dict(
+            generated=len(stamps),
+            decode_tokens=len(stamps) - 1,
+            t_prefill=stamps[0][0] - t0,
+            t_decode=stamps[-1][0] - stamps[0][0],
+            t_other=None,
+            rounds=rounds,
+            drafted=(self.drafter.drafted - drafted0) if self.drafter else 0,
+            accepted=accepted,
+            finish_reason="eos" if finish == "stop" else finish,
+            text="".join(pieces),
+            token_times=times,
+        )
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+# ----- the run ----------------------------------------------------------------------------------------------
+def parse_strategies(names: Iterable[str], *, has_draft: bool) -> list[str]:
+    """Validate strategy names; ``plain`` is always run (first) because every speedup is relative to it."""
+    out = [PLAIN]
+    for name in names:
+        name = name.strip()
+        if not name or name in out:
+            continue
+        m = _DRAFT_N.fullmatch(name)
+        if m and not 1 <= int(m.group(1)) <= 64:
+            raise EdgespecError(f"{name}: γ must be 1..64")
+        if not (m or name in ENGINE_STRATEGIES or name in PEER_STRATEGIES):
+            known = ", ".join((*ENGINE_STRATEGIES, *PEER_STRATEGIES))
+            raise EdgespecError(f"unknown strategy {name!r}; known: {known} (draft-N for any γ = N)")
+        if m and not has_draft:
+            continue  # no draft model loaded: the caller says so
+        out.append(name)
+    return out
+
+
+def _engine_for(name: str, target: Model, draft: Model | None, lookup_len: int, p_min: float) -> Engine:
+    from edgespec.engine import Engine
+
+    if name == PLAIN:
+        return Engine(target, None, draft_len=0, lookup=False)
+    if name == "lookup":
+        return Engine(target, None, draft_len=lookup_len, lookup=True)
+    if name == "auto":
+        return Engine(target, draft, draft_len="auto", lookup=True, p_min=p_min)
+    gamma = int(_DRAFT_N.fullmatch(name).group(1))  # type: ignore[union-attr]
+    return Engine(target, draft, draft_len=gamma, lookup=False, p_min=p_min)
+
+
+@dataclass
+class BenchResult:
+    config: dict[str, Any]
+    records: list[RunRecord]
+
+    def summaries(self) -> dict[str, dict[str, Summary]]:
+        return summarize(
+            self.records, greedy=self.config.get("temperature", 0) == 0, order=self.config.get("strategies")
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        summaries = self.summaries()
+        return {
+            "config": self.config,
+            "summary": {t: {s: asdict(v) for s, v in row.items()} for t, row in summaries.items()},
+            "overall_speedup": overall_speedup(summaries),
+            "runs": [asdict(r) for r in self.records],
+        }
+
+
+OnRun = Callable[[RunRecord, int, int], None]  # (record, runs done, runs in all)
+
+
+def run_bench(
+    target: Model,
+    draft: Model | None,
+    tasks: Sequence[Task],
+    strategies: Sequence[str],
+    params: SamplingParams,
+    *,
+    lookup_len: int = DEFAULT_LOOKUP_LEN,
+    p_min: float = 0.0,
+    warmup: bool = True,
+    on_run: OnRun | None = None,
+) -> BenchResult:
+    """Run every prompt of ``tasks`` under every strategy (see the module docstring); collect the records."""
+    strategies = parse_strategies(strategies, has_draft=draft is not None)
+    prompts = {(t.name, p.id): render_prompt(target, p.messages) for t in tasks for p in t.prompts}
+    longest = max((len(p) for p in prompts.values()), default=0)
+    engines = {s: _engine_for(s, target, draft, lookup_len, p_min) for s in strategies if s not in PEER_STRATEGIES}
+    peers: dict[str, Peer] = {}
+    total, done = len(prompts) * len(strategies), 0
+    records: list[RunRecord] = []
+    try:
+        # The peers keep an n_ctx × n_vocab logits buffer when drafting: size their context to the need.
+        peer_ctx = min(target.n_ctx, -(-(longest + params.max_tokens + lookup_len + 16) // 256) * 256)
+        for name in strategies:
+            if name in PEER_STRATEGIES:
+                peers[name] = Peer(
+                    target.path,
+                    n_ctx=peer_ctx,
+                    n_threads=target.n_threads,
+                    n_gpu_layers=target.n_gpu_layers,
+                    lookup_len=lookup_len if name == "llama-cpp-lookup" else 0,
+                )
+        if warmup and prompts:
+            # First calls pay one-off costs (page faults on mmapped weights, allocations, caches): not timed.
+            first = next(iter(prompts.values()))
+            short = replace(params, max_tokens=min(WARMUP_TOKENS, params.max_tokens))
+            for runner in (*engines.values(), *peers.values()):
+                _measure(runner, first, short)
+
+        i = 0
+        for task in tasks:
+            if "auto" in engines:  # fresh per task class: see the module docstring
+                engines["auto"] = _engine_for("auto", target, draft, lookup_len, p_min)
+            for prompt in task.prompts:
+                order = strategies[i % len(strategies) :] + strategies[: i % len(strategies)]
+                i += 1
+                for name in order:
+                    runner = engines[name] if name in engines else peers[name]
+                    result = _measure(runner, prompts[(task.name, prompt.id)], params)
+                    records.append(RunRecord(task.name, prompt.id, name, **result))
+                    done += 1
+                    if on_run is not None:
+                        on_run(records[-1], done, total)
+    finally:
+        for peer in peers.values():
+            peer.close()
+    return BenchResult(_config(target, draft, tasks, strategies, params, lookup_len), records)
+
+
+def _measure(runner: Engine | Peer, prompt: list[int], params: SamplingParams) -> dict[str, Any]:
+    if isinstance(runner, Peer):
+        return runner.measure(prompt, params)
+    return measure_engine(runner, prompt, params)
+
+
+def _config(
+    target: Model,
+    draft: Model | None,
+    tasks: Sequence[Task],
+    strategies: Sequence[str],
+    params: SamplingParams,
+    lookup_len: int,
+) -> dict[str, Any]:
+    import os
+    import platform
+
+    import llama_cpp
+
+    return {
+        "target": str(target.path),
+        "target_description": target.description,
+        "draft": str(draft.path) if draft is not None else None,
+        "draft_description": draft.description if draft is not None else None,
+        "tasks": [t.name for t in tasks],
+        "strategies": list(strategies),
+        "max_tokens": params.max_tokens,
+        "temperature": params.temperature,
+        "seed": params.seed,
+        "lookup_len": lookup_len,
+        "n_threads": target.n_threads,
+        "n_gpu_layers": target.n_gpu_layers,
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "llama_cpp_python": llama_cpp.__version__,
+    }
+
+
+# ----- summaries --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Summary:
+    """One strategy on one task class, over its prompts. Rates pool tokens and times: Σ tokens / Σ seconds."""
+
+    runs: int
+    generated: int
+    acceptance_rate: float | None  # accepted / drafted; None when nothing was drafted
+    tokens_per_verify: float
+    tokens_per_second: float
+    speedup: float | None  # tokens_per_second / plain's on the same prompts; None without a plain row
+    p50_ms: float | None  # per-token time percentiles over every decode token of every prompt
+    p95_ms: float | None
+    overhead_share: float | None  # Σ t_other / Σ t_decode: the loop's own (Python) time; None for peers
+    same_as_plain: int | None  # greedy only: prompts whose output text equals plain's
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0..100), interpolating linearly between closest ranks; None for no values."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _summary(runs: list[RunRecord], plain_rate: float | None, plain_text: dict[str, str] | None) -> Summary:
+    drafted = sum(r.drafted for r in runs)
+    rounds = sum(r.rounds for r in runs)
+    t_decode = sum(r.t_decode for r in runs)
+    rate = sum(r.decode_tokens for r in runs) / t_decode if t_decode > 0 else 0.0
+    times = [t for r in runs for t in r.token_times]
+    other = [r.t_other for r in runs]
+    p50, p95 = percentile(times, 50), percentile(times, 95)
+    return Summary(
+        runs=len(runs),
+        generated=sum(r.generated for r in runs),
+        acceptance_rate=sum(r.accepted for r in runs) / drafted if drafted else None,
+        # Peers' first token comes with their prefill, so count only decode tokens per decode round.
+        tokens_per_verify=sum(r.decode_tokens for r in runs) / rounds if rounds else 0.0,
+        tokens_per_second=rate,
+        speedup=rate / plain_rate if plain_rate else None,
+        p50_ms=p50 * 1e3 if p50 is not None else None,
+        p95_ms=p95 * 1e3 if p95 is not None else None,
+        overhead_share=(
+            sum(o for o in other if o is not None) / t_decode if t_decode > 0 and None not in other else None
+        ),
+        same_as_plain=sum(plain_text.get(r.prompt) == r.text for r in runs) if plain_text is not None else None,
+    )
+
+
+def summarize(
+    records: Sequence[RunRecord], *, greedy: bool = True, order: Sequence[str] | None = None
+) -> dict[str, dict[str, Summary]]:
+    """task → strategy → :class:`Summary`. Tasks come in the order the records name them, strategies in
+    ``order`` (the run rotates them per prompt), else plain first and the rest as the records name them."""
+    rank = {s: i for i, s in enumerate(order or ())}
+    by_task: dict[str, dict[str, list[RunRecord]]] = {}
+    for r in records:
+        by_task.setdefault(r.task, {}).setdefault(r.strategy, []).append(r)
+    out: dict[str, dict[str, Summary]] = {}
+    for task, by_strategy in by_task.items():
+        plain_runs = by_strategy.get(PLAIN)
+        plain_rate = _summary(plain_runs, None, None).tokens_per_second if plain_runs else None
+        plain_text = {r.prompt: r.text for r in plain_runs} if plain_runs and greedy else None
+        ordered = sorted(by_strategy, key=lambda s: (s != PLAIN, rank.get(s, len(rank))))
+        out[task] = {s: _summary(by_strategy[s], plain_rate, plain_text) for s in ordered}
+    return out
+
+
+def overall_speedup(summaries: dict[str, dict[str, Summary]]) -> dict[str, float | None]:
+    """Per strategy, the geometric mean of its per-task speedups (every task class weighs the same)."""
+    strategies = list(dict.fromkeys(s for row in summaries.values() for s in row))
+    out: dict[str, float | None] = {}
+    for s in strategies:
+        ratios = [row[s].speedup for row in summaries.values() if s in row and row[s].speedup]
+        out[s] = math.exp(sum(math.log(x) for x in ratios) / len(ratios)) if ratios else None
+    return out
+
+
+# ----- text output ------------------------------------------------------------------------------------------
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Columns padded to their widest cell; the first column left-aligned, the rest right-aligned."""
+    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows, strict=True)]
+
+    def line(cells: Sequence[str]) -> str:
+        pairs = enumerate(zip(cells, widths, strict=True))
+        return "  ".join(str(c).ljust(w) if j == 0 else str(c).rjust(w) for j, (c, w) in pairs)
+
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)]).rstrip()
+
+
+def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def render_report(result: BenchResult) -> str:
+    """A table per task class, then the speedups of every strategy on every class."""
+    summaries = result.summaries()
+    cfg = result.config
+    parts = []
+    headers = ["strategy", "accept", "tok/verify", "tok/s", "speedup", "p50 ms/tok", "p95 ms/tok", "overhead"]
+    greedy = cfg.get("temperature", 0) == 0
+    if greedy:
+        headers.append("=plain")
+    for task, row in summaries.items():
+        lines = []
+        for s, v in row.items():
+            cells = [
+                s,
+                _fmt(v.acceptance_rate, ".0%"),
+                _fmt(v.tokens_per_verify, ".2f"),
+                _fmt(v.tokens_per_second, ".1f"),
+                _fmt(v.speedup, ".2f", "x"),
+                _fmt(v.p50_ms, ".1f"),
+                _fmt(v.p95_ms, ".1f"),
+                _fmt(v.overhead_share, ".1%"),
+            ]
+            if greedy:
+                cells.append(f"{v.same_as_plain}/{v.runs}")
+            lines.append(cells)
+        parts.append(
+            f"{task}: {row[next(iter(row))].runs} prompt(s), up to {cfg['max_tokens']} tokens\n"
+            + format_table(headers, lines)
+        )
+    overall = overall_speedup(summaries)
+    tasks = list(summaries)
+    lines = [
+        [
+            s,
+            *(_fmt(summaries[t][s].speedup if s in summaries[t] else None, ".2f", "x") for t in tasks),
+            _fmt(overall[s], ".2f", "x"),
+        ]
+        for s in overall
+    ]
+    parts.append(
+        "speedup vs plain (geometric mean over task classes in the last column)\n"
+        + format_table(["strategy", *tasks, "all"], lines)
+    )
+    draft = Path(cfg["draft"]).name if cfg["draft"] else "none"
+    notes = [
+        f"target {Path(cfg['target']).name}, draft {draft}, temperature {cfg['temperature']}, "
+        f"{cfg['n_threads']} threads, lookup γ={cfg['lookup_len']}"
+    ]
+    if greedy:
+        notes.append(
+            "=plain: prompts whose output equals plain decoding's (greedy; a near-tie can flip under a batched verify)"
+        )
+    return "\n\n".join(parts) + "\n\n" + "\n".join(notes)
+
+
+# ----- the command ------------------------------------------------------------------------------------------
+def _split(value: str | None) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()] if value else []
+
+
+@click.command("bench")
+@model_options
+@click.option(
+    "--tasks",
+    help="Comma-separated task classes (default: all): code-edit, code-gen, creative, math, summarize, translate.",
+)
+@click.option("--max-tokens", "-n", default=128, show_default=True, help="Tokens per prompt at most.")
+@click.option(
+    "--prompts-per-task", type=click.IntRange(min=1), default=None, help="Use the first N prompts of each task class."
+)
+@click.option(
+    "--strategies",
+    default=",".join(ENGINE_STRATEGIES),
+    show_default=True,
+    help="Comma-separated: plain, draft-N, lookup, auto (plain always runs: it is the reference).",
+)
+@click.option(
+    "--peers/--no-peers",
+    default=True,
+    show_default=True,
+    help="Also run llama-cpp-python's Llama, plain and with LlamaPromptLookupDecoding.",
+)
+@click.option(
+    "--lookup-len",
+    type=click.IntRange(1, 64),
+    default=DEFAULT_LOOKUP_LEN,
+    show_default=True,
+    help="γ of the fixed 'lookup' strategy and of the peer's prompt lookup.",
+)
+@click.option("--temperature", "--temp", default=0.0, show_default=True, help="0 = greedy.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for --temperature > 0.")
+@click.option(
+    "--workloads",
+    type=click.Path(exists=True, path_type=Path),
+    default=None,
+    help="A workload .toml (or a folder of them) instead of the shipped suite.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print all measurements and summaries as JSON.")
+def bench(
+    tasks: str | None,
+    max_tokens: int,
+    prompts_per_task: int | None,
+    strategies: str,
+    peers: bool,
+    lookup_len: int,
+    temperature: float,
+    seed: int,
+    workloads: Path | None,
+    as_json: bool,
+    **opts: Any,
+) -> None:
+    """Measure decoding strategies side by side on a workload suite.
+
+    Every prompt runs under each strategy back to back on the same loaded models, so speedups are ratios
+    taken under the same conditions. --draft-len and --lookup are ignored here: --strategies picks.
+    Tables go to stdout, the progress bar to stderr.
+    """
+    import json
+
+    from tqdm import tqdm
+
+    from edgespec.sampling import SamplingParams
+
+    with user_errors():
+        suite = load_tasks(_split(tasks), prompts_per_task=prompts_per_task, source=workloads)
+        params = SamplingParams(temperature=temperature, seed=seed, max_tokens=max_tokens)
+        names = _split(strategies) + (list(PEER_STRATEGIES) if peers else [])
+        parse_strategies(names, has_draft=True)  # a typo fails before the models load
+        with load_runtime(opts, quiet=as_json) as runtime:
+            target, draft = runtime.engine.target, runtime.engine.draft_model
+            if draft is None and any(_DRAFT_N.fullmatch(n) for n in names):
+                click.echo("note: no draft model, so the draft-N strategies are skipped", err=True)
+            runs = sum(len(t.prompts) for t in suite) * len(parse_strategies(names, has_draft=draft is not None))
+            with tqdm(total=runs, desc="bench", unit="run", file=sys.stderr, disable=None, leave=False) as bar:
+
+                def on_run(record: RunRecord, done: int, total: int) -> None:
+                    bar.set_postfix_str(f"{record.task}/{record.prompt} {record.strategy}", refresh=False)
+                    bar.update(1)
+
+                result = run_bench(
+                    target, draft, suite, names, params, lookup_len=lookup_len, p_min=opts["p_min"], on_run=on_run
+                )
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=1))
+    else:
+        click.echo(render_report(result))

@@ -1,0 +1,200 @@
+"""What every command that loads models shares: options, error handling, loading with progress bars.
+
+Kept apart from :mod:`edgespec.cli` so that subcommand modules (chat, bench, models) can use it without importing
+the group that registers them.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from contextlib import contextmanager
+from typing import Any
+
+import click
+
+from edgespec.engine import parse_draft_len as _parse_draft_len
+from edgespec.errors import EdgespecError
+from edgespec.events import Stats
+
+DRAFT_LEN_HELP = (
+    "Draft length γ: 'auto' (the controller picks the drafter and γ each round, 0 included), a fixed integer, "
+    "or 'off' (= 0, plain decoding). Default: the pair's recommendation, else auto."
+)
+
+
+def fail(message: str) -> None:
+    """Print a one-line error and exit 1 (no traceback: the message says what to do)."""
+    click.echo(f"error: {message}", err=True)
+    sys.exit(1)
+
+
+@contextmanager
+def user_errors():
+    try:
+        yield
+    except EdgespecError as exc:
+        fail(str(exc))
+
+
+def parse_draft_len(_ctx: click.Context | None, _param: click.Parameter | None, value: str | None) -> int | str | None:
+    """Click callback for --draft-len (None: the pair's recommendation, else 'auto')."""
+    if value is None:
+        return None
+    try:
+        return _parse_draft_len(value)
+    except EdgespecError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def model_options(f: Callable) -> Callable:
+    """Options shared by every command that loads models (generate, chat, bench)."""
+    for decorator in reversed(
+        [
+            click.option("--pair", help="A target/draft pair from models.toml (default: the registry's default)."),
+            click.option("--target", "-m", help="Target model: a GGUF path or a models.toml name."),
+            click.option("--draft", "-d", help="Draft model: a GGUF path, a models.toml name, or 'none'."),
+            click.option("--n-ctx", default=4096, show_default=True, help="Context window in tokens."),
+            click.option(
+                "--n-gpu-layers",
+                "-ngl",
+                default=0,
+                show_default=True,
+                help="Target layers to offload to the GPU (-1 = all). Needs a CUDA/Metal build.",
+            ),
+            click.option(
+                "--n-gpu-layers-draft",
+                "-ngld",
+                type=int,
+                default=None,
+                help="Draft layers to offload (default: same as --n-gpu-layers).",
+            ),
+            click.option("--threads", "-t", type=int, default=None, help="CPU threads (default: physical cores)."),
+            click.option("--draft-len", default=None, callback=parse_draft_len, help=DRAFT_LEN_HELP),
+            click.option(
+                "--lookup/--no-lookup",
+                default=True,
+                show_default=True,
+                help="Also draft by prompt lookup (n-gram matches in the prompt and output: free).",
+            ),
+            click.option(
+                "--p-min",
+                default=0.0,
+                show_default=True,
+                help="Stop a model draft when its top probability falls below this.",
+            ),
+        ]
+    ):
+        f = decorator(f)
+    return f
+
+
+def sampling_options(*, max_tokens: int = 256) -> Callable[[Callable], Callable]:
+    """Sampling options (llama.cpp's defaults); ``max_tokens`` is the command's default length cap."""
+    return lambda f: _add_sampling_options(f, max_tokens)
+
+
+def _add_sampling_options(f: Callable, max_tokens: int) -> Callable:
+    for decorator in reversed(
+        [
+            click.option(
+                "--max-tokens", "-n", default=max_tokens, show_default=True, help="Tokens to generate at most."
+            ),
+            click.option("--temperature", "--temp", default=0.8, show_default=True, help="0 = greedy."),
+            click.option("--top-k", default=40, show_default=True, help="0 = off."),
+            click.option("--top-p", default=0.95, show_default=True, help="1 = off."),
+            click.option("--min-p", default=0.05, show_default=True, help="0 = off."),
+            click.option("--seed", type=int, default=None, help="Seed for a reproducible run."),
+            click.option("--stop", multiple=True, help="Stop string (repeatable)."),
+        ]
+    ):
+        f = decorator(f)
+    return f
+
+
+def sampling_params(opts: dict[str, Any]):
+    from edgespec.sampling import SamplingParams
+
+    return SamplingParams(
+        temperature=opts["temperature"],
+        top_k=opts["top_k"],
+        top_p=opts["top_p"],
+        min_p=opts["min_p"],
+        seed=opts["seed"],
+        max_tokens=opts["max_tokens"],
+        stop=tuple(opts["stop"]),
+    )
+
+
+def pick_models(pair: str | None, target: str | None, draft: str | None) -> tuple[str, str | None, Any]:
+    """Target and draft references from --pair/--target/--draft; with neither, the registry's default pair."""
+    draft_len_hint: Any = None
+    if target is None:
+        from edgespec.registry import resolve_pair
+
+        chosen = resolve_pair(pair)
+        target = chosen.target
+        if draft is None:
+            draft = chosen.draft
+        draft_len_hint = chosen.draft_len
+    elif pair is not None:
+        raise click.UsageError("use either --pair or --target/--draft, not both")
+    if draft is not None and draft.lower() == "none":
+        draft = None
+    return target, draft, draft_len_hint
+
+
+def load_runtime(opts: dict[str, Any], *, quiet: bool = False):
+    """Load the models the options name, with a progress bar per model on a terminal."""
+    from tqdm import tqdm
+
+    from edgespec.api import load
+
+    target, draft, recommended = pick_models(opts["pair"], opts["target"], opts["draft"])
+    draft_len = opts["draft_len"] if opts["draft_len"] is not None else (recommended or "auto")
+    bars: dict[str, tqdm] = {}
+
+    def progress(stage: str, fraction: float) -> None:
+        if quiet:
+            return
+        bar = bars.get(stage)
+        if bar is None:
+            bar = bars[stage] = tqdm(
+                total=100,
+                desc=f"loading {stage}",
+                unit="%",
+                leave=False,
+                file=sys.stderr,
+                bar_format="{desc}: {percentage:3.0f}%|{bar}|",
+            )
+        bar.update(int(fraction * 100) - bar.n)
+
+    try:
+        return load(
+            target,
+            draft,
+            n_ctx=opts["n_ctx"],
+            n_gpu_layers=opts["n_gpu_layers"],
+            n_gpu_layers_draft=opts["n_gpu_layers_draft"],
+            n_threads=opts["threads"],
+            draft_len=draft_len,
+            lookup=opts["lookup"],
+            p_min=opts["p_min"],
+            progress=progress,
+            show_fetch_progress=not quiet,
+        )
+    finally:
+        for bar in bars.values():
+            bar.close()
+
+
+def describe_stats(s: Stats) -> str:
+    """One line for stderr: speed, acceptance, and where the time went."""
+    return (
+        f"{s.generated} tokens in {s.t_decode:.2f}s: {s.tokens_per_second:.1f} tok/s | "
+        f"drafted {s.drafted}, accepted {s.accepted} ({s.acceptance_rate:.0%}), "
+        f"{s.tokens_per_verify:.2f} tokens/verify over {s.rounds} verifies | "
+        f"prefill {s.prefilled_tokens}/{s.prompt_tokens} tokens {s.t_prefill:.2f}s, draft {s.t_draft:.2f}s, "
+        f"verify {s.t_verify:.2f}s, sampling {s.t_sample:.3f}s, other {s.t_other:.3f}s | "
+        f"outside llama.cpp {s.python_overhead:.1%} ({s.generated} tokens, {s.rounds} verifies)"
+    )

@@ -1,0 +1,73 @@
+"""The llama.cpp adapter on the tiny real model: logit rows, truncation, prefix reuse, text."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgespec.backend import Model
+from edgespec.errors import ContextOverflowError, ModelError
+
+pytestmark = pytest.mark.real
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_path):
+    model = Model(tiny_model_path, n_ctx=512, n_batch=8)
+    yield model
+    model.close()
+
+
+def test_requested_rows_come_back_in_the_requested_order(tiny: Model) -> None:
+    tokens = tiny.tokenize("The quick brown fox jumps over the lazy dog and runs")
+    tiny.truncate(0)
+    every = tiny.decode(tokens, range(len(tokens)))  # spans two n_batch=8 chunks
+    tiny.truncate(0)
+    picked = tiny.decode(tokens, [9, 2, 5])
+    np.testing.assert_allclose(picked, every[[9, 2, 5]], atol=1e-3)
+    assert tiny.kv_tokens == tokens
+
+
+def test_out_of_range_rows_are_refused(tiny: Model) -> None:
+    tiny.truncate(0)
+    with pytest.raises(ValueError):
+        tiny.decode([1, 2], [2])
+
+
+def test_truncate_then_redecode_gives_the_same_logits(tiny: Model) -> None:
+    tokens = tiny.tokenize("def add(a, b):\n    return")
+    tiny.truncate(0)
+    first = tiny.decode(tokens, [len(tokens) - 1])[0]
+    tiny.decode([11, 12, 13])
+    tiny.truncate(len(tokens) - 1)
+    again = tiny.decode(tokens[-1:], [0])[0]
+    assert int(np.argmax(first)) == int(np.argmax(again))
+    np.testing.assert_allclose(first, again, atol=0.05)
+
+
+def test_sync_reuses_the_common_prefix(tiny: Model) -> None:
+    a = tiny.tokenize("One two three four five six")
+    tiny.truncate(0)
+    assert tiny.sync(a) == len(a)
+    b = a[:4] + tiny.tokenize(" seven eight", add_special=False)
+    assert tiny.sync(b) == len(b) - 4
+    assert tiny.kv_tokens == b
+
+
+def test_context_overflow_is_an_error_not_a_crash(tiny: Model) -> None:
+    tiny.truncate(0)
+    with pytest.raises(ContextOverflowError):
+        tiny.decode([1] * (tiny.n_ctx + 1))
+    assert tiny.kv_tokens == []
+
+
+def test_text_round_trip_and_pieces(tiny: Model) -> None:
+    text = "Grüße, 世界! 🙂"
+    tokens = tiny.tokenize(text, add_special=False)
+    assert tiny.detokenize(tokens) == text
+    assert b"".join(tiny.piece(t) for t in tokens).decode() == text
+
+
+def test_missing_file_is_a_model_error(tmp_path) -> None:
+    with pytest.raises(ModelError, match="not found"):
+        Model(tmp_path / "absent.gguf")

@@ -1,0 +1,228 @@
+"""`edgespec bench`: the suite loads, the summary maths is right, and a short real run keeps working.
+
+No test here asserts a time or a speedup: those are measurements, not properties.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from edgespec.bench import (
+    PEER_STRATEGIES,
+    RunRecord,
+    format_table,
+    load_tasks,
+    overall_speedup,
+    parse_strategies,
+    percentile,
+    render_prompt,
+    run_bench,
+    summarize,
+)
+from edgespec.cli import main
+from edgespec.errors import EdgespecError
+from edgespec.sampling import SamplingParams
+
+SUITE = {"code-edit", "code-gen", "creative", "math", "summarize", "translate"}
+ALL = ["plain", "draft-2", "draft-3", "draft-4", "lookup", "auto", *PEER_STRATEGIES]
+
+
+# ----- the suite and the options ----------------------------------------------------------------------------
+def test_shipped_suite_has_every_class_with_three_prompts() -> None:
+    tasks = load_tasks()
+    assert {t.name for t in tasks} == SUITE
+    for task in tasks:
+        assert len(task.prompts) >= 3, task.name
+        assert len({p.id for p in task.prompts}) == len(task.prompts), f"{task.name}: duplicate prompt ids"
+        for prompt in task.prompts:
+            assert prompt.messages[-1]["role"] == "user"
+            assert all(m["content"].strip() for m in prompt.messages)
+
+
+@pytest.mark.real
+def test_suite_renders_in_the_models_chat_format(tiny_model_path: Path) -> None:
+    from edgespec.backend import Model
+
+    with Model(tiny_model_path, n_ctx=256) as model:
+        for task in load_tasks():
+            for prompt in task.prompts:
+                tokens = render_prompt(model, prompt.messages)
+                text = model.detokenize(tokens)
+                assert text.rstrip().endswith("assistant"), text[-40:]  # ChatML's generation prompt
+                assert 10 < len(tokens) < 1024, (task.name, prompt.id, len(tokens))
+
+
+def test_load_tasks_picks_orders_and_shortens(tmp_path: Path) -> None:
+    tasks = load_tasks(["math", "code-edit"], prompts_per_task=1)
+    assert [t.name for t in tasks] == ["math", "code-edit"]
+    assert [len(t.prompts) for t in tasks] == [1, 1]
+    with pytest.raises(EdgespecError, match="unknown task nope"):
+        load_tasks(["nope"])
+
+    own = tmp_path / "mine.toml"
+    own.write_text('name = "mine"\n[[prompts]]\nid = "a"\n[[prompts.messages]]\nrole = "user"\ncontent = "hi"\n')
+    [task] = load_tasks(source=own)
+    assert task.name == "mine" and task.prompts[0].messages == ({"role": "user", "content": "hi"},)
+    own.write_text('name = "broken"\n')
+    with pytest.raises(EdgespecError, match="not a workload file"):
+        load_tasks(source=own)
+
+
+def test_parse_strategies() -> None:
+    assert parse_strategies(["lookup", "auto"], has_draft=True) == ["plain", "lookup", "auto"]
+    assert parse_strategies(["plain", "draft-5", "draft-5", "llama-cpp"], has_draft=True) == [
+        "plain", "draft-5", "llama-cpp"]
+    assert parse_strategies(["draft-2", "auto"], has_draft=False) == ["plain", "auto"]
+    with pytest.raises(EdgespecError, match="unknown strategy"):
+        parse_strategies(["fast"], has_draft=True)
+    with pytest.raises(EdgespecError, match="1..64"):
+        parse_strategies(["draft-0"], has_draft=True)
+
+
+# ----- the maths on synthetic numbers -----------------------------------------------------------------------
+def record(task: str, prompt: str, strategy: str, *, tokens: int, seconds: float, rounds: int, drafted: int = 0,
+           accepted: int = 0, t_other: float | None = 0.0, text: str = "out", times=None) -> RunRecord:
+    return RunRecord(task, prompt, strategy, generated=tokens, decode_tokens=tokens, t_prefill=0.5,
+                     t_decode=seconds, t_other=t_other, rounds=rounds, drafted=drafted, accepted=accepted,
+                     finish_reason="length", text=text, token_times=times or [seconds / tokens] * tokens)
+
+
+def test_percentile_interpolates_between_ranks() -> None:
+    assert percentile([], 50) is None
+    assert percentile([3.0], 95) == 3.0
+    assert percentile([4.0, 1.0, 3.0, 2.0], 50) == 2.5
+    assert percentile([float(i) for i in range(1, 101)], 95) == pytest.approx(95.05)
+    assert percentile([1.0, 2.0], 0) == 1.0 and percentile([1.0, 2.0], 100) == 2.0
+
+
+def test_summary_pools_prompts_and_divides_by_plain() -> None:
+    records = [
+        record("edit", "a", "plain", tokens=10, seconds=1.0, rounds=10, t_other=0.1),
+        record("edit", "b", "plain", tokens=30, seconds=3.0, rounds=30, t_other=0.2),
+        record("edit", "a", "lookup", tokens=10, seconds=0.5, rounds=4, drafted=8, accepted=6, t_other=0.05),
+        record("edit", "b", "lookup", tokens=30, seconds=1.5, rounds=12, drafted=20, accepted=18, text="diff",
+               t_other=0.15),
+        record("edit", "a", "llama-cpp", tokens=10, seconds=2.0, rounds=10, t_other=None,
+               times=[0.1] * 9 + [1.1]),
+        record("gen", "c", "plain", tokens=10, seconds=1.0, rounds=10),
+        record("gen", "c", "lookup", tokens=10, seconds=2.0, rounds=10),
+    ]
+    summary = summarize(records)
+    assert list(summary) == ["edit", "gen"]
+    assert list(summary["edit"]) == ["plain", "lookup", "llama-cpp"]
+    assert list(summarize(records, order=["llama-cpp", "lookup"])["edit"]) == ["plain", "llama-cpp", "lookup"]
+    plain, lookup, peer = (summary["edit"][s] for s in ("plain", "lookup", "llama-cpp"))
+    assert plain.runs == 2 and plain.generated == 40
+    assert plain.acceptance_rate is None and plain.tokens_per_verify == 1.0
+    assert plain.tokens_per_second == pytest.approx(10.0) and plain.speedup == pytest.approx(1.0)
+    assert plain.overhead_share == pytest.approx(0.3 / 4.0)
+    assert lookup.acceptance_rate == pytest.approx(24 / 28)
+    assert lookup.tokens_per_verify == pytest.approx(40 / 16)
+    assert lookup.speedup == pytest.approx(2.0)
+    assert lookup.p50_ms == pytest.approx(50.0) and lookup.p95_ms == pytest.approx(50.0)
+    assert lookup.same_as_plain == 1  # prompt b's text differs
+    assert peer.overhead_share is None and peer.speedup == pytest.approx(0.5)
+    assert peer.p50_ms == pytest.approx(100.0) and peer.p95_ms == pytest.approx(1000.0 * (0.1 + 0.55 * 1.0))
+    assert summary["gen"]["lookup"].speedup == pytest.approx(0.5)
+
+    overall = overall_speedup(summary)
+    assert overall["plain"] == pytest.approx(1.0)
+    assert overall["lookup"] == pytest.approx(math.sqrt(2.0 * 0.5))  # geometric mean: the classes weigh alike
+    assert overall["llama-cpp"] == pytest.approx(0.5)  # only measured on one class
+
+    assert summarize(records, greedy=False)["edit"]["lookup"].same_as_plain is None
+    no_plain = summarize([record("x", "a", "lookup", tokens=4, seconds=1.0, rounds=2)])
+    assert no_plain["x"]["lookup"].speedup is None
+
+
+def test_format_table_aligns_columns() -> None:
+    table = format_table(["name", "x"], [["plain", "1.00x"], ["a", "12.50x"]]).splitlines()
+    assert table == ["name        x", "-----  ------", "plain   1.00x", "a      12.50x"]
+
+
+# ----- a short real run -------------------------------------------------------------------------------------
+def check_counts(run: dict, max_tokens: int) -> None:
+    """What every measurement must satisfy, whatever the timings."""
+    assert run["generated"] == max_tokens or run["finish_reason"] == "eos", run
+    assert 1 <= run["generated"] <= max_tokens
+    assert len(run["token_times"]) == run["decode_tokens"] <= run["generated"]
+    assert 0 <= run["accepted"] <= run["drafted"]
+    assert run["t_decode"] >= 0 and all(t >= 0 for t in run["token_times"])
+    assert run["rounds"] <= run["decode_tokens"]
+    if run["strategy"] in ("plain", "llama-cpp"):
+        assert run["drafted"] == 0 and run["accepted"] == 0
+        assert run["rounds"] == run["decode_tokens"]  # one token per target decode
+
+
+@pytest.mark.real
+def test_run_bench_on_the_tiny_model_with_every_strategy(tiny_model_path: Path) -> None:
+    from dataclasses import asdict
+
+    from edgespec.backend import Model
+
+    tasks = load_tasks(["code-edit"], prompts_per_task=1)
+    params = SamplingParams(temperature=0, max_tokens=8)
+    seen: list[tuple[int, int]] = []
+    # The same file as target and draft: acceptance is near total, which exercises the multi-token rounds.
+    with Model(tiny_model_path, n_ctx=1024) as target, Model(tiny_model_path, n_ctx=1024) as draft:
+        result = run_bench(target, draft, tasks, ALL, params, on_run=lambda r, done, total: seen.append((done, total)))
+    assert [r.strategy for r in result.records] == ALL  # the first prompt starts the rotation at plain
+    assert seen == [(i, len(ALL)) for i in range(1, len(ALL) + 1)]
+    for r in result.records:
+        check_counts(asdict(r), max_tokens=8)
+    by = {r.strategy: r for r in result.records}
+    assert by["draft-4"].drafted > 0 and by["llama-cpp-lookup"].rounds >= 1
+    assert by["plain"].t_other is not None and by["llama-cpp"].t_other is None
+
+    summary = result.summaries()
+    assert list(summary["code-edit"]) == ALL
+    assert summary["code-edit"]["plain"].speedup == pytest.approx(1.0)
+    report = result.to_json()
+    assert report["config"]["strategies"] == ALL and len(report["runs"]) == len(ALL)
+    json.dumps(report)  # serialisable as the --json output
+
+
+@pytest.mark.real
+def test_cli_bench_json(tiny_model_path: Path) -> None:
+    args = ["bench", "-m", str(tiny_model_path), "-d", str(tiny_model_path), "--n-ctx", "1024",
+            "--tasks", "summarize", "--prompts-per-task", "1", "--max-tokens", "8",
+            "--strategies", "draft-2,lookup,auto", "--no-peers", "--json"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert set(report) == {"config", "summary", "overall_speedup", "runs"}
+    assert report["config"]["strategies"] == ["plain", "draft-2", "lookup", "auto"]
+    assert list(report["summary"]) == ["summarize"]
+    assert set(report["summary"]["summarize"]) == {"plain", "draft-2", "lookup", "auto"}
+    assert report["overall_speedup"]["plain"] == pytest.approx(1.0)
+    for run in report["runs"]:
+        check_counts(run, max_tokens=8)
+    plain = report["summary"]["summarize"]["plain"]
+    assert plain["acceptance_rate"] is None and plain["tokens_per_verify"] == 1.0
+
+
+def test_cli_bench_rejects_bad_options_before_loading() -> None:
+    runner = CliRunner()
+    result = runner.invoke(main, ["bench", "--strategies", "warp", "-m", "/nonexistent.gguf"])
+    assert result.exit_code == 1 and "unknown strategy 'warp'" in result.output
+    result = runner.invoke(main, ["bench", "--tasks", "poetry", "-m", "/nonexistent.gguf"])
+    assert result.exit_code == 1 and "unknown task poetry" in result.output
+
+
+def test_text_report_has_a_table_per_class() -> None:
+    from edgespec.bench import BenchResult, render_report
+
+    records = [record("edit", "a", "plain", tokens=10, seconds=1.0, rounds=10),
+               record("edit", "a", "lookup", tokens=10, seconds=0.5, rounds=4, drafted=8, accepted=6)]
+    config = {"target": "/m/t.gguf", "draft": None, "temperature": 0.0, "max_tokens": 10, "n_threads": 2,
+              "lookup_len": 4}
+    text = render_report(BenchResult(config, records))
+    assert "edit: 1 prompt(s), up to 10 tokens" in text
+    row = next(line.split() for line in text.splitlines() if line.startswith("lookup"))
+    assert row[:5] == ["lookup", "75%", "2.50", "20.0", "2.00x"] and row[-1] == "1/1"
+    assert "speedup vs plain" in text and "draft none" in text
