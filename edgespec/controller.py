@@ -20,6 +20,12 @@ them lose. Two things keep them alive:
   neither changes the decision nor is accepted in full halves that fraction (down to 1/8); otherwise it is
   restored.
 
+Prompt lookup's acceptance is not one number: while the output copies a span of the input, a fully accepted lookup
+round is followed by another (a *streak*), while a fresh n-gram match after the text diverged is a guess, better
+the longer the matched n-gram. So lookup keeps three estimates: right after a fully accepted lookup round;
+otherwise, a match of the longest n-gram length; any other match. On a CPU, where a verify of b tokens costs ~b
+single steps, a long draft pays only where acceptance is near 1, and this is what tells those rounds apart.
+
 A drafter that sat out pays a catch-up on return (a draft model decodes the tokens it missed). That cost is
 measured apart from the per-token cost. Up to ``catchup_allowance`` of a plain step per missed token is
 accepted as the price of keeping a drafter in the game; any excess is charged to the round that brings it
@@ -52,7 +58,7 @@ class RoundController(Protocol):
 
     max_gamma: int
 
-    def plan(self, lookup_len: int = 0) -> Plan: ...
+    def plan(self, lookup_len: int = 0, lookup_strong: bool = False) -> Plan: ...
 
     def observe(self, plan: Plan, *, n_drafted: int, n_accepted: int, t_draft: float, t_verify: float) -> None: ...
 
@@ -60,6 +66,8 @@ class RoundController(Protocol):
     def plain_tokens_per_second(self) -> float: ...
 
     def start_request(self) -> None: ...
+
+    def record_costs(self, verify: dict[int, float], draft: dict[str, float]) -> None: ...
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -192,6 +200,8 @@ class VerifyCost:
 @dataclass
 class _DrafterState:
     acceptance: Acceptance
+    streak_acceptance: Acceptance  # lookup only: rounds right after a fully accepted lookup round
+    strong_acceptance: Acceptance  # lookup only: other rounds whose match is of the longest n-gram length
     cost: DecayedRatio  # seconds per drafted token
     catchup: DecayedRatio  # extra seconds per token committed while the drafter sat out
     gap: int = 0  # tokens committed since the drafter last ran
@@ -255,12 +265,16 @@ class Controller:
         self._state = {
             d: _DrafterState(
                 Acceptance(alpha_prior, prior_weight, alpha_decay),
+                Acceptance(alpha_prior, prior_weight, alpha_decay),
+                Acceptance(alpha_prior, prior_weight, alpha_decay),
                 DecayedRatio(cost_decay),
                 DecayedRatio(cost_decay),
             )
             for d in self.drafters
         }
         self._probing: str | None = None  # the drafter of an unresolved probe
+        self._streak = False  # the last round was a lookup round that accepted everything it drafted
+        self._strong = False  # this round's lookup match is of the longest n-gram length the drafter tries
         self._probe_accepted = False  # whether all its tokens were accepted
 
     # ----- public ----------------------------------------------------------------------------------------
@@ -275,11 +289,31 @@ class Controller:
         for st in self._state.values():
             st.gap = 0
 
-    def alpha(self, drafter: str) -> float:
-        """The current acceptance estimate of ``drafter``."""
-        return self._state[drafter].acceptance.alpha
+    def record_costs(self, verify: dict[int, float], draft: dict[str, float]) -> None:
+        """Costs measured outside rounds (the engine's calibration): seconds of a target decode of b tokens,
+        and seconds per drafted token of each drafter. They seed the estimates that rounds then refine, so no
+        live round is spent discovering that a wide verify or the draft model is dear on this machine."""
+        for b, seconds in verify.items():
+            self._verify.add(b, seconds)
+        for name, seconds in draft.items():
+            if name in self._state:
+                self._state[name].cost.add(seconds)
 
-    def plan(self, lookup_len: int = 0) -> Plan:
+    def alpha(self, drafter: str) -> float:
+        """The acceptance estimate of ``drafter`` for the next round."""
+        return self._acceptance(drafter).alpha
+
+    def _acceptance(self, drafter: str) -> Acceptance:
+        st = self._state[drafter]
+        if drafter != LOOKUP:
+            return st.acceptance
+        if self._streak:
+            return st.streak_acceptance
+        return st.strong_acceptance if self._strong else st.acceptance
+
+    def plan(self, lookup_len: int = 0, lookup_strong: bool = False) -> Plan:
+        """``lookup_len``: tokens the lookup drafter found; ``lookup_strong``: found with its longest n-gram."""
+        self._strong = lookup_strong
         curve = self._verify.curve(self.max_gamma + 1)
         if curve is None or self._verify.measured(1) is None:
             return Plan(None, 0, "measuring the plain decode cost")
@@ -323,14 +357,17 @@ class Controller:
             if used == self._probing:
                 self._probe_accepted = 0 < n_drafted == n_accepted
             if n_drafted:
-                st.acceptance.update(n_drafted, n_accepted)
+                self._acceptance(used).update(n_drafted, n_accepted)
             self._record_draft_cost(st, n_drafted, t_draft)
             st.gap = 0
             st.credit = 0.0
+        self._streak = used == LOOKUP and 0 < n_drafted == n_accepted
         spent = t_draft + t_verify
         for d, other in self._state.items():
             if d != used:
                 other.acceptance.forget(self.idle_decay)
+                other.streak_acceptance.forget(self.idle_decay)
+                other.strong_acceptance.forget(self.idle_decay)
                 other.gap += n_accepted + 1
                 other.credit += self.explore / 2**other.backoff * spent
 
@@ -350,7 +387,7 @@ class Controller:
         if cost is None or not gammas:
             return None
         st = self._state[drafter]
-        alpha = st.acceptance.alpha
+        alpha = self._acceptance(drafter).alpha
         switch = 0.0
         if st.gap > 2:
             # Back after sitting out: the catch-up beyond the allowance (see the module doc) is charged to
@@ -380,7 +417,10 @@ class Controller:
             gamma = min(self.probe_gamma, cap)
             option = self._option(d, range(gamma, gamma + 1), curve, curve[1] if cost is None else cost)
             assert option is not None
-            loss = option.seconds - option.tokens / best.rate
+            # A probe pays its whole catch-up: the allowance that keeps a drafter in the game when it is chosen
+            # on its merits is no reason to spend exploration on it.
+            allowed = st.gap * min(st.catchup.value or 0.0, self.catchup_allowance * curve[1]) if st.gap > 2 else 0.0
+            loss = option.seconds - option.tokens / best.rate + allowed
             if st.credit >= loss and st.credit - loss > spare:
                 chosen, spare = option, st.credit - loss
         return chosen
@@ -407,7 +447,7 @@ class Controller:
         head = f"{option.drafter} γ={option.gamma}"
         if self._draft_cost(option.drafter) is None:
             return f"{head}: measuring its cost"
-        alpha = self._state[option.drafter].acceptance.alpha
+        alpha = self._acceptance(option.drafter).alpha
         text = f"{head} α={alpha:.2f} est {option.rate:.1f} tok/s"
         return text if plain is None else f"{text} vs plain {plain.rate:.1f}"
 
@@ -433,7 +473,12 @@ class FixedController:
     def start_request(self) -> None:
         """A fixed plan keeps no per-drafter state that a new request would change."""
 
-    def plan(self, lookup_len: int = 0) -> Plan:
+    def record_costs(self, verify: dict[int, float], draft: dict[str, float]) -> None:
+        """A fixed plan needs no costs; the plain rate it reports comes from its own 1-token rounds."""
+        if 1 in verify:
+            self._plain.add(verify[1])
+
+    def plan(self, lookup_len: int = 0, lookup_strong: bool = False) -> Plan:
         if self.drafter is None:
             return Plan(None, 0, "fixed: plain decoding")
         gamma = min(self.gamma, lookup_len) if self.drafter == LOOKUP else self.gamma

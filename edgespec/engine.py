@@ -61,23 +61,29 @@ class Engine:
         self.drafters: dict[str, Drafter] = {}
         if draft is not None:
             self.drafters["model"] = ModelDrafter(draft, p_min=p_min)
-        if lookup:
-            self.drafters["lookup"] = LookupDrafter()
+        self._lookup = LookupDrafter() if lookup else None
+        if self._lookup is not None:
+            self.drafters["lookup"] = self._lookup
         self.max_gamma = max_gamma
-        self.set_draft_len(draft_len)
+        self._auto: Controller | None = None  # kept across set_draft_len switches, so its estimates survive
+        self._calibrated = False
         self._busy = threading.Lock()
         self._cancel = threading.Event()
+        self.set_draft_len(draft_len)
 
     # ----- configuration -------------------------------------------------------------------------------------
     def set_draft_len(self, draft_len: int | str) -> None:
-        """Switch between the adaptive controller (``"auto"``) and a fixed γ, between requests or mid-session."""
+        """Switch between the adaptive controller (``"auto"``) and a fixed γ (0 = plain decoding).
+
+        A request in flight keeps the settings it started with; the change applies from the next one.
+        """
+        draft_len = parse_draft_len(draft_len)
         if draft_len == "auto":
-            self.controller: RoundController = Controller(list(self.drafters), max_gamma=self.max_gamma)
+            if self._auto is None:
+                self._auto = Controller(list(self.drafters), max_gamma=self.max_gamma)
+            self.controller: RoundController = self._auto
         else:
-            if isinstance(draft_len, str) and draft_len.isdigit():
-                draft_len = int(draft_len)
-            if not isinstance(draft_len, int) or not 0 <= draft_len <= 64:
-                raise InvalidParameterError(f"draft_len must be 'auto' or an integer 0..64, got {draft_len!r}")
+            assert isinstance(draft_len, int)
             name = "model" if "model" in self.drafters else ("lookup" if "lookup" in self.drafters else None)
             self.max_gamma = max(self.max_gamma, draft_len)
             self.controller = FixedController(name if draft_len else None, draft_len)
@@ -127,6 +133,8 @@ class Engine:
             for drafter in drafters.values():
                 drafter.reset(ctx)
             controller.start_request()  # every drafter is in step with the prompt: nothing to catch up
+            if controller is self._auto and not self._calibrated:
+                self._calibrate(ctx, controller, max_gamma)
             stats = replace(stats, prefilled_tokens=prefilled, t_prefill=clock() - t_start)
             models = [target] if self.draft_model is None else [target, self.draft_model]
             busy_at_start = sum(m.busy_seconds for m in models)
@@ -232,11 +240,12 @@ class Engine:
         rng: np.random.Generator,
     ) -> tuple[Plan, Draft]:
         lookup_draft = Draft.empty()
-        lookup = self.drafters.get("lookup")
+        lookup = self._lookup
         if lookup is not None and max_len > 0:
             # Costs ~nothing, so look first and let the controller weigh what was found.
             lookup_draft = lookup.propose(ctx, max_len, params, None)
-        plan = controller.plan(lookup_len=len(lookup_draft.tokens))
+        strong = lookup is not None and lookup.last_ngram >= lookup.max_n
+        plan = controller.plan(lookup_len=len(lookup_draft.tokens), lookup_strong=strong)
         gamma = min(plan.gamma, max_len)
         if plan.drafter is None or gamma <= 0:
             return plan, Draft.empty()
@@ -250,6 +259,40 @@ class Engine:
             return verify_greedy(draft.tokens, logits.argmax(axis=1))
         p = [warp(row, params) for row in logits]
         return verify_stochastic(draft.tokens, draft.q, p, rng)
+
+    def _calibrate(self, ctx: list[int], controller: RoundController, max_gamma: int) -> None:
+        """Measure, once per engine, what a verify of b tokens and a draft step cost on this machine.
+
+        A CPU's verify cost grows ~linearly with b while a GPU's is nearly flat (DESIGN.md): the controller needs
+        the curve before it can choose γ well, and learning it from live rounds costs those rounds. About a dozen
+        decodes at the current context position (so attention length is realistic), rolled back; the first
+        request's prefill time includes it.
+        """
+        widths = sorted({1, 2, 3, 4, 6, max_gamma + 1} | {b for b in (5, 8, 12, 16) if b <= max_gamma + 1})
+        pending = ctx[-1]
+        verify: dict[int, float] = {}
+        for b in widths:
+            if len(ctx) + b > self.target.n_ctx:
+                break
+            samples = []
+            for _ in range(2):
+                t0 = time.perf_counter()
+                self.target.decode([pending] * b, logits_at=range(b))
+                samples.append(time.perf_counter() - t0)
+                self.target.truncate(len(ctx) - 1)
+            verify[b] = min(samples)  # the less disturbed of two
+        draft: dict[str, float] = {}
+        if self.draft_model is not None and len(ctx) + 2 <= self.draft_model.n_ctx:
+            model, keep = self.draft_model, len(self.draft_model.kv_tokens)
+            samples = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                model.decode([pending], [0])
+                samples.append(time.perf_counter() - t0)
+                model.truncate(keep)
+            draft["model"] = min(samples)
+        controller.record_costs(verify, draft)
+        self._calibrated = True
 
     def _roll_back(self, ctx: Sequence[int]) -> None:
         """Truncate every KV to the committed prefix: the target keeps ``x[0..n-1)``, drafters their share."""

@@ -174,7 +174,7 @@ def test_bad_inputs() -> None:
     engine = Engine(FakeModel(), None)
     with pytest.raises(InvalidParameterError, match="empty"):
         run(engine, prompt=[])
-    with pytest.raises(InvalidParameterError, match="draft_len"):
+    with pytest.raises(InvalidParameterError, match="draft length"):
         engine.set_draft_len(-1)
 
 
