@@ -25,7 +25,9 @@ from edgespec.sampling import SamplingParams, warp
 from edgespec.text import TextStream
 from edgespec.verify import Verdict, verify_greedy, verify_stochastic
 
-DEFAULT_MAX_GAMMA = 8
+# Long drafts only pay in copy streaks (prompt lookup), but there they do: on a CPU a 16-token verify measured
+# 6.7x a single step, so a fully accepted one is 2.4x faster than plain decoding.
+DEFAULT_MAX_GAMMA = 16
 MAX_DRAFT_LEN = 64
 
 
@@ -275,12 +277,12 @@ class Engine:
             if len(ctx) + b > self.target.n_ctx:
                 break
             samples = []
-            for _ in range(2):
+            for _ in range(3 if b == 1 else 1):  # the plain step is the yardstick of every choice
                 t0 = time.perf_counter()
                 self.target.decode([pending] * b, logits_at=range(b))
                 samples.append(time.perf_counter() - t0)
                 self.target.truncate(len(ctx) - 1)
-            verify[b] = min(samples)  # the less disturbed of two
+            verify[b] = min(samples)
         draft: dict[str, float] = {}
         if self.draft_model is not None and len(ctx) + 2 <= self.draft_model.n_ctx:
             model, keep = self.draft_model, len(self.draft_model.kv_tokens)
