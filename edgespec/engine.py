@@ -20,7 +20,7 @@ from edgespec.drafters.base import Draft, Drafter
 from edgespec.drafters.lookup import LookupDrafter
 from edgespec.drafters.model import ModelDrafter
 from edgespec.errors import ContextOverflowError, EdgespecError, InvalidParameterError
-from edgespec.events import Chunk, Event, Finished, Span, Stats
+from edgespec.events import Chunk, Event, Finished, FinishReason, Span, Stats
 from edgespec.sampling import SamplingParams, warp
 from edgespec.text import TextStream
 from edgespec.verify import Verdict, verify_greedy, verify_stochastic
@@ -147,7 +147,8 @@ class Engine:
             emitted: list[int] = []
             from_draft: list[bool] = []
             hist = [0] * (max_gamma + 1)
-            finish, stopped_by = "length", None
+            finish: FinishReason | None = None  # set when the request ends
+            stopped_by: str | None = None
 
             while True:
                 if self._cancel.is_set() or (cancel is not None and cancel.is_set()):
@@ -178,19 +179,7 @@ class Engine:
                 controller.observe(plan, n_drafted=len(draft.tokens), n_accepted=k, t_draft=t1 - t0, t_verify=t2 - t1)
 
                 # Emit the committed tokens' text; an end-of-generation token or a stop string ends the request.
-                spans = []
-                emitted = []
-                for tok, origin in zip(new, from_draft, strict=True):
-                    if target.is_eog(tok):
-                        finish, stopped_by = "eos", target.token_text(tok)
-                        break
-                    emitted.append(tok)
-                    piece = text.feed(tok)
-                    if piece:
-                        spans.append(Span(piece, origin))
-                    if text.stopped_by is not None:
-                        finish, stopped_by = "stop", text.stopped_by
-                        break
+                spans, emitted, finish, stopped_by = self._emit(new, from_draft, text)
                 out.extend(emitted)
                 n_out += len(new)
                 hist[k] += 1
@@ -211,10 +200,11 @@ class Engine:
                     decision=plan.reason,
                     plain_tokens_per_second=controller.plain_tokens_per_second,
                 )
-                if finish == "length" and n_out >= params.max_tokens:
-                    break
+                if finish is None and n_out >= params.max_tokens:
+                    finish = "length"
+                    break  # the last chunk is held back to carry the text stream's tail
                 yield _chunk(spans, emitted, from_draft, stats)
-                if finish != "length":
+                if finish is not None:
                     break
 
             # Whatever the text stream still holds (a partial stop-string prefix, bytes of an unfinished
@@ -254,6 +244,23 @@ class Engine:
         if plan.drafter == "lookup":
             return plan, Draft(lookup_draft.tokens[:gamma], None)
         return plan, self.drafters[plan.drafter].propose(ctx, gamma, params, rng)
+
+    def _emit(
+        self, new: list[int], from_draft: list[bool], text: TextStream
+    ) -> tuple[list[Span], list[int], FinishReason | None, str | None]:
+        """Text of the committed tokens, split by origin; the tokens that count as output; why to stop, if so."""
+        spans: list[Span] = []
+        emitted: list[int] = []
+        for tok, origin in zip(new, from_draft, strict=True):
+            if self.target.is_eog(tok):
+                return spans, emitted, "eos", self.target.token_text(tok)
+            emitted.append(tok)
+            piece = text.feed(tok)
+            if piece:
+                spans.append(Span(piece, origin))
+            if text.stopped_by is not None:
+                return spans, emitted, "stop", text.stopped_by
+        return spans, emitted, None, None
 
     @staticmethod
     def _accept(draft: Draft, logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> Verdict:
