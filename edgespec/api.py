@@ -59,7 +59,6 @@ class Runtime:
         self.draft = (
             _info(engine.draft_model, draft_name or engine.draft_model.name) if engine.draft_model else None
         )
-        self._lock = threading.Lock()
         self._cancel: threading.Event | None = None
 
     # ----- generation ----------------------------------------------------------------------------------------

@@ -277,14 +277,16 @@ class Engine:
         decodes at the current context position (so attention length is realistic), rolled back; the first
         request's prefill time includes it.
         """
-        widths = sorted({1, 2, 3, 4, 6, max_gamma + 1} | {b for b in (5, 8, 12, 16) if b <= max_gamma + 1})
+        # A few widths; the controller interpolates the rest. Each width is decoded twice and the faster kept:
+        # llama.cpp builds a compute graph the first time it sees a batch shape, which is not the verify's cost.
+        widths = sorted({1, 2, 4, 8, max_gamma + 1})
         pending = ctx[-1]
         verify: dict[int, float] = {}
         for b in widths:
             if len(ctx) + b > self.target.n_ctx:
                 break
             samples = []
-            for _ in range(3 if b == 1 else 1):  # the plain step is the yardstick of every choice
+            for _ in range(3 if b == 1 else 2):
                 t0 = time.perf_counter()
                 self.target.decode([pending] * b, logits_at=range(b))
                 samples.append(time.perf_counter() - t0)
