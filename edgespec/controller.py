@@ -67,7 +67,9 @@ class RoundController(Protocol):
 
     def start_request(self) -> None: ...
 
-    def record_costs(self, verify: dict[int, float], draft: dict[str, float]) -> None: ...
+    def record_costs(
+        self, verify: dict[int, float], draft: dict[str, float], catchup: dict[str, float] | None = None
+    ) -> None: ...
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -289,15 +291,21 @@ class Controller:
         for st in self._state.values():
             st.gap = 0
 
-    def record_costs(self, verify: dict[int, float], draft: dict[str, float]) -> None:
+    def record_costs(
+        self, verify: dict[int, float], draft: dict[str, float], catchup: dict[str, float] | None = None
+    ) -> None:
         """Costs measured outside rounds (the engine's calibration): seconds of a target decode of b tokens,
-        and seconds per drafted token of each drafter. They seed the estimates that rounds then refine, so no
-        live round is spent discovering that a wide verify or the draft model is dear on this machine."""
+        seconds per drafted token and seconds per caught-up token of each drafter. They seed the estimates that
+        rounds then refine, so no live round is spent discovering that a wide verify, the draft model, or
+        bringing the draft model back after it sat out is dear on this machine."""
         for b, seconds in verify.items():
             self._verify.add(b, seconds)
         for name, seconds in draft.items():
             if name in self._state:
                 self._state[name].cost.add(seconds)
+        for name, seconds in (catchup or {}).items():
+            if name in self._state:
+                self._state[name].catchup.add(seconds)
 
     def alpha(self, drafter: str) -> float:
         """The acceptance estimate of ``drafter`` for the next round."""
@@ -473,7 +481,9 @@ class FixedController:
     def start_request(self) -> None:
         """A fixed plan keeps no per-drafter state that a new request would change."""
 
-    def record_costs(self, verify: dict[int, float], draft: dict[str, float]) -> None:
+    def record_costs(
+        self, verify: dict[int, float], draft: dict[str, float], catchup: dict[str, float] | None = None
+    ) -> None:
         """A fixed plan needs no costs; the plain rate it reports comes from its own 1-token rounds."""
         if 1 in verify:
             self._plain.add(verify[1])

@@ -293,7 +293,8 @@ class Engine:
                 self.target.truncate(len(ctx) - 1)
             verify[b] = min(samples)
         draft: dict[str, float] = {}
-        if self.draft_model is not None and len(ctx) + 2 <= self.draft_model.n_ctx:
+        catchup: dict[str, float] = {}
+        if self.draft_model is not None and len(ctx) + 32 <= self.draft_model.n_ctx:
             model, keep = self.draft_model, len(self.draft_model.kv_tokens)
             samples = []
             for _ in range(3):
@@ -302,7 +303,14 @@ class Engine:
                 samples.append(time.perf_counter() - t0)
                 model.truncate(keep)
             draft["model"] = min(samples)
-        controller.record_costs(verify, draft)
+            # What bringing the draft model back after it sat out costs per missed token: a batched decode.
+            for _ in range(2):
+                t0 = time.perf_counter()
+                model.decode([pending] * 32)
+                per_token = (time.perf_counter() - t0) / 32
+                model.truncate(keep)
+            catchup["model"] = per_token
+        controller.record_costs(verify, draft, catchup)
         self._calibrated = True
 
     def _roll_back(self, ctx: Sequence[int]) -> None:
