@@ -166,6 +166,7 @@ def load_runtime(opts: dict[str, Any], *, quiet: bool = False):
                 leave=False,
                 file=sys.stderr,
                 bar_format="{desc}: {percentage:3.0f}%|{bar}|",
+                disable=not sys.stderr.isatty(),  # no escape sequences in logs and pipes
             )
         bar.update(int(fraction * 100) - bar.n)
 
