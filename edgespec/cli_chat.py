@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from edgespec.cli_common import fail, model_options, sampling_options, sampling_params
+from edgespec.cli_common import fail, load_options, model_options, sampling_options, sampling_params
 from edgespec.errors import EdgespecError
 
 DEFAULT_MAX_TOKENS = 1024  # a chat reply may be long; the session also cuts it to what fits the context
@@ -61,15 +61,10 @@ def chat(**opts: Any) -> None:
         return load_models(
             target,
             draft,
-            n_ctx=opts["n_ctx"],
-            n_gpu_layers=opts["n_gpu_layers"],
-            n_gpu_layers_draft=opts["n_gpu_layers_draft"],
-            n_threads=opts["threads"],
             draft_len=draft_len,
-            lookup=opts["lookup"],
-            p_min=opts["p_min"],
             progress=progress,
             show_fetch_progress=show_fetch_progress,
+            **load_options(opts),
         )
 
     if opts["no_tui"] or not (sys.stdin.isatty() and sys.stdout.isatty()):

@@ -144,6 +144,18 @@ def pick_models(pair: str | None, target: str | None, draft: str | None) -> tupl
     return target, draft, draft_len_hint
 
 
+def load_options(opts: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of :func:`edgespec.api.load` that come straight from :func:`model_options`."""
+    return {
+        "n_ctx": opts["n_ctx"],
+        "n_gpu_layers": opts["n_gpu_layers"],
+        "n_gpu_layers_draft": opts["n_gpu_layers_draft"],
+        "n_threads": opts["threads"],
+        "lookup": opts["lookup"],
+        "p_min": opts["p_min"],
+    }
+
+
 def load_runtime(opts: dict[str, Any], *, quiet: bool = False):
     """Load the models the options name, with a progress bar per model on a terminal."""
     from tqdm import tqdm
@@ -172,17 +184,7 @@ def load_runtime(opts: dict[str, Any], *, quiet: bool = False):
 
     try:
         return load(
-            target,
-            draft,
-            n_ctx=opts["n_ctx"],
-            n_gpu_layers=opts["n_gpu_layers"],
-            n_gpu_layers_draft=opts["n_gpu_layers_draft"],
-            n_threads=opts["threads"],
-            draft_len=draft_len,
-            lookup=opts["lookup"],
-            p_min=opts["p_min"],
-            progress=progress,
-            show_fetch_progress=not quiet,
+            target, draft, draft_len=draft_len, progress=progress, show_fetch_progress=not quiet, **load_options(opts)
         )
     finally:
         for bar in bars.values():
