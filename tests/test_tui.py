@@ -95,6 +95,7 @@ def test_reply_meter_and_highlighting(runtime, store):
             if stats.plain_tokens_per_second > 0:
                 assert values["speedup"] == f"{stats.tokens_per_second / stats.plain_tokens_per_second:.2f}×"
             assert len(meter.per_round) == stats.rounds and sum(meter.per_round) == stats.accepted
+            assert stats.decision and str(meter.query_one("#meter-why").render()) == f"why: {stats.decision}"
 
             # Accepted draft tokens are highlighted; the toggle turns that into plain Markdown and back.
             assert stats.accepted > 0

@@ -231,6 +231,7 @@ class Meter(Vertical):
     Meter > #meter-values { height: auto; }
     Meter > Sparkline { height: 3; margin-top: 1; }
     Meter > .caption { color: $text-muted; height: auto; }
+    Meter > #meter-why { margin-top: 1; }
     """
 
     def __init__(self) -> None:
@@ -241,12 +242,15 @@ class Meter(Vertical):
         self._values = Static("", id="meter-values")
         self._spark = Sparkline([], id="meter-spark")
         self._caption = Static("accepted drafts per round", classes="caption")
+        # The controller's last choice and its reason (estimated α, costs): why it is, or is not, speculating.
+        self._why = Static("", id="meter-why", classes="caption", markup=False)
 
     def compose(self) -> ComposeResult:
         yield Static(Text("speculation", style="bold"))
         yield self._values
         yield self._spark
         yield self._caption
+        yield self._why
 
     def on_mount(self) -> None:
         self._render_values()
@@ -256,6 +260,7 @@ class Meter(Vertical):
         self.per_round = []
         self._spark.data = []
         self._caption.update("accepted drafts per round")
+        self._why.update("")
         self._render_values()
 
     def show(self, stats: Stats, session_rate: float | None) -> None:
@@ -274,7 +279,7 @@ class Meter(Vertical):
         self.stats = stats
         self.session_rate = session_rate
         self._render_values()
-        self.tooltip = stats.decision or None
+        self._why.update(f"why: {stats.decision}" if stats.decision else "")
 
     def values(self) -> dict[str, str]:
         s = self.stats
