@@ -583,6 +583,38 @@ def render_report(result: BenchResult) -> str:
 
 
 # ----- the command ------------------------------------------------------------------------------------------
+COST_WIDTHS = (1, 2, 3, 4, 5, 6, 8, 16)
+
+
+def decode_costs(model: Model, widths: Sequence[int] = COST_WIDTHS, reps: int = 8) -> dict[int, float]:
+    """Median seconds of one decode of k tokens (logits at all k, as a verify asks) after a 64-token context."""
+    import statistics
+
+    context = [model.vocab.bos if model.vocab.bos >= 0 else 0] * 64
+    model.truncate(0)
+    model.decode(context)
+    out: dict[int, float] = {}
+    for k in widths:
+        samples = []
+        for _ in range(reps + 1):  # the first use of a batch shape builds a graph: not counted
+            t0 = time.perf_counter()
+            model.decode(context[:k], logits_at=range(k))
+            samples.append(time.perf_counter() - t0)
+            model.truncate(len(context))
+        out[k] = statistics.median(samples[1:])
+    model.truncate(0)
+    return out
+
+
+def render_costs(table: dict[str, dict[int, float]]) -> str:
+    headers = ["model", *(f"k={k}" for k in COST_WIDTHS)]
+    rows = [
+        [name, *(f"{1e3 * costs[k]:.1f} ms ({costs[k] / costs[1]:.2f}x)" for k in COST_WIDTHS)]
+        for name, costs in table.items()
+    ]
+    return format_table(headers, rows) + "\none decode of k tokens: milliseconds (and multiple of a single token)"
+
+
 def _split(value: str | None) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()] if value else []
 
@@ -624,6 +656,12 @@ def _split(value: str | None) -> list[str]:
     default=None,
     help="A workload .toml (or a folder of them) instead of the shipped suite.",
 )
+@click.option(
+    "--costs",
+    is_flag=True,
+    help="Only measure what one decode of k tokens costs for the target and the draft (the numbers behind "
+    "every speculation decision on this machine), and print that table.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print all measurements and summaries as JSON.")
 def bench(
     tasks: str | None,
@@ -635,6 +673,7 @@ def bench(
     temperature: float,
     seed: int,
     workloads: Path | None,
+    costs: bool,
     as_json: bool,
     **opts: Any,
 ) -> None:
@@ -657,6 +696,10 @@ def bench(
         parse_strategies(names, has_draft=True)  # a typo fails before the models load
         with load_runtime(opts, quiet=as_json) as runtime:
             target, draft = runtime.engine.target, runtime.engine.draft_model
+            if costs:
+                table = {m.name: decode_costs(m) for m in (target, draft) if m is not None}
+                click.echo(json.dumps(table, indent=1) if as_json else render_costs(table))
+                return
             if draft is None and any(_DRAFT_N.fullmatch(n) for n in names):
                 click.echo("note: no draft model, so the draft-N strategies are skipped", err=True)
             runs = sum(len(t.prompts) for t in suite) * len(parse_strategies(names, has_draft=draft is not None))

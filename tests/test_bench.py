@@ -226,3 +226,18 @@ def test_text_report_has_a_table_per_class() -> None:
     row = next(line.split() for line in text.splitlines() if line.startswith("lookup"))
     assert row[:5] == ["lookup", "75%", "2.50", "20.0", "2.00x"] and row[-1] == "1/1"
     assert "speedup vs plain" in text and "draft none" in text
+
+
+def test_costs_table_through_the_cli(tiny_model_path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from edgespec.bench import COST_WIDTHS, bench
+
+    path = str(tiny_model_path)
+    result = CliRunner().invoke(bench, ["--costs", "--json", "-m", path, "-d", "none"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    table = json.loads(result.stdout)
+    (costs,) = table.values()
+    assert sorted(int(k) for k in costs) == sorted(COST_WIDTHS) and all(v > 0 for v in costs.values())
