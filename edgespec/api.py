@@ -17,6 +17,7 @@ from pathlib import Path
 
 from edgespec.backend import Model, gpu_offload_supported
 from edgespec.chat_template import render
+from edgespec.costs import CostCache
 from edgespec.engine import Engine
 from edgespec.errors import EdgespecError
 from edgespec.events import Chunk, Event, Finished
@@ -184,7 +185,7 @@ def load(
     ``n_gpu_layers_draft`` defaults to ``n_gpu_layers``. ``progress(stage, fraction)`` reports loading.
     """
     from edgespec.gguf_meta import check_vocab_compatible, preflight
-    from edgespec.registry import resolve_model
+    from edgespec.registry import cache_dir, resolve_model
 
     target_path = resolve_model(str(target), progress=show_fetch_progress)
     draft_path = resolve_model(str(draft), progress=show_fetch_progress) if draft is not None else None
@@ -208,7 +209,14 @@ def load(
                 n_threads=n_threads,
                 progress=stage("draft"),
             )
-        engine = Engine(target_model, draft_model, draft_len=draft_len, lookup=lookup, p_min=p_min)
+        engine = Engine(
+            target_model,
+            draft_model,
+            draft_len=draft_len,
+            lookup=lookup,
+            p_min=p_min,
+            cost_cache=CostCache(cache_dir() / ".costs.json"),
+        )
     except BaseException:
         target_model.close()
         if draft_model is not None:

@@ -16,6 +16,7 @@ import numpy as np
 
 from edgespec.backend import Model
 from edgespec.controller import Controller, FixedController, Plan, RoundController
+from edgespec.costs import CostCache, Costs, setup_key
 from edgespec.drafters.base import Draft, Drafter
 from edgespec.drafters.lookup import LookupDrafter
 from edgespec.drafters.model import ModelDrafter
@@ -57,6 +58,7 @@ class Engine:
         lookup: bool = True,
         p_min: float = 0.0,
         max_gamma: int = DEFAULT_MAX_GAMMA,
+        cost_cache: CostCache | None = None,
     ) -> None:
         self.target = target
         self.draft_model = draft
@@ -69,6 +71,7 @@ class Engine:
         self.max_gamma = max_gamma
         self._auto: Controller | None = None  # kept across set_draft_len switches, so its estimates survive
         self._calibrated = False
+        self._cost_cache = cost_cache
         self._busy = threading.Lock()
         self._cancel = threading.Event()
         self.set_draft_len(draft_len)
@@ -270,13 +273,24 @@ class Engine:
         return verify_stochastic(draft.tokens, draft.q, p, rng)
 
     def _calibrate(self, ctx: list[int], controller: RoundController, max_gamma: int) -> None:
-        """Measure, once per engine, what a verify of b tokens and a draft step cost on this machine.
+        """Give the controller, once per engine, what a verify of b tokens and a draft step cost on this machine.
 
         A CPU's verify cost grows ~linearly with b while a GPU's is nearly flat (DESIGN.md): the controller needs
-        the curve before it can choose γ well, and learning it from live rounds costs those rounds. About a dozen
-        decodes at the current context position (so attention length is realistic), rolled back; the first
-        request's prefill time includes it.
+        the curve before it can choose γ well, and learning it from live rounds costs those rounds. The costs come
+        from the cost cache when this setup was measured before, else from :meth:`_measure_costs`.
         """
+        key = f"{setup_key(self.target, self.draft_model)} max_gamma={max_gamma}"
+        costs = self._cost_cache.get(key) if self._cost_cache is not None else None
+        if costs is None:
+            costs = self._measure_costs(ctx, max_gamma)
+            if self._cost_cache is not None and max_gamma + 1 in costs.verify:  # only a complete measurement
+                self._cost_cache.put(key, costs)
+        controller.record_costs(costs.verify, costs.draft, costs.catchup)
+        self._calibrated = True
+
+    def _measure_costs(self, ctx: list[int], max_gamma: int) -> Costs:
+        """About a dozen decodes at the current context position (so attention length is realistic), rolled
+        back; the first request's prefill time includes them."""
         # A few widths; the controller interpolates the rest. Each width is decoded twice and the faster kept:
         # llama.cpp builds a compute graph the first time it sees a batch shape, which is not the verify's cost.
         widths = sorted({1, 2, 4, 8, max_gamma + 1})
@@ -310,8 +324,7 @@ class Engine:
                 per_token = (time.perf_counter() - t0) / 32
                 model.truncate(keep)
             catchup["model"] = per_token
-        controller.record_costs(verify, draft, catchup)
-        self._calibrated = True
+        return Costs(verify, draft, catchup)
 
     def _roll_back(self, ctx: Sequence[int]) -> None:
         """Truncate every KV to the committed prefix: the target keeps ``x[0..n-1)``, drafters their share."""

@@ -186,3 +186,19 @@ def test_one_request_at_a_time() -> None:
         next(engine.stream(PROMPT, GREEDY))
     first.close()
     assert run(engine)[1].stats.generated == 40
+
+
+def test_measured_costs_are_cached_for_the_next_engine(tmp_path) -> None:
+    from edgespec.costs import CostCache
+
+    cache = CostCache(tmp_path / "costs.json")
+    first_target = FakeModel(eos_bias=-9)
+    run(Engine(first_target, FakeModel(seed=1), draft_len="auto", cost_cache=cache))
+    assert (tmp_path / "costs.json").is_file()
+    second_target = FakeModel(eos_bias=-9)
+    run(Engine(second_target, FakeModel(seed=1), draft_len="auto", cost_cache=cache))
+    # the first engine measured widths up to max_gamma + 1 before generating; the second reused them
+    widest = max(n for n, _ in first_target.decode_calls)
+    assert widest == 17 and max(n for n, _ in second_target.decode_calls) < widest
+    (tmp_path / "costs.json").write_text("not json")  # a damaged cache means measuring again, not failing
+    assert run(Engine(FakeModel(eos_bias=-9), FakeModel(seed=1), cost_cache=cache))[1].stats.generated == 40
