@@ -20,17 +20,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from edgespec.errors import EdgespecError
+from edgespec.paths import user_path
 
 FORMAT_VERSION = 1
 
 
 def data_dir() -> Path:
     """``$EDGESPEC_DATA``, else ``$XDG_DATA_HOME/edgespec`` (``~/.local/share/edgespec``)."""
-    explicit = os.environ.get("EDGESPEC_DATA")
-    if explicit:
-        return Path(explicit).expanduser()
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base).expanduser() / "edgespec"
+    return user_path("EDGESPEC_DATA", "XDG_DATA_HOME", ".local/share", "edgespec")
 
 
 def _now() -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import os
 import re
 import sys
 from collections.abc import Mapping
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from edgespec.errors import ModelNotFoundError, RegistryError
+from edgespec.paths import user_path
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -46,20 +46,12 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 def cache_dir() -> Path:
     """Where fetched models live: ``$EDGESPEC_CACHE``, else ``$XDG_CACHE_HOME/edgespec/models``."""
-    explicit = os.environ.get("EDGESPEC_CACHE")
-    if explicit:
-        return Path(explicit).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).expanduser() / "edgespec" / "models"
+    return user_path("EDGESPEC_CACHE", "XDG_CACHE_HOME", ".cache", "edgespec", "models")
 
 
 def user_registry_path() -> Path:
     """The user's registry file: ``$EDGESPEC_CONFIG``, else ``$XDG_CONFIG_HOME/edgespec/models.toml``."""
-    explicit = os.environ.get("EDGESPEC_CONFIG")
-    if explicit:
-        return Path(explicit).expanduser()
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base).expanduser() / "edgespec" / "models.toml"
+    return user_path("EDGESPEC_CONFIG", "XDG_CONFIG_HOME", ".config", "edgespec", "models.toml")
 
 
 def model_dir(name: str) -> Path:

@@ -1,0 +1,15 @@
+"""Where edgespec keeps files: an EDGESPEC_* variable when set (tests, portable installs), else the XDG location."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def user_path(override: str, xdg: str, xdg_default: str, *parts: str) -> Path:
+    """``$override`` as is when set, else ``$xdg`` (default ``~/xdg_default``) joined with ``parts``."""
+    explicit = os.environ.get(override)
+    if explicit:
+        return Path(explicit).expanduser()
+    base = os.environ.get(xdg) or str(Path.home() / xdg_default)
+    return Path(base).expanduser().joinpath(*parts)
