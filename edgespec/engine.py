@@ -144,7 +144,6 @@ class Engine:
             models = [target] if self.draft_model is None else [target, self.draft_model]
             busy_at_start = sum(m.busy_seconds for m in models)
             text = TextStream(target.piece, params.stop)
-            n_out = 0  # tokens committed after the prompt (an end-of-generation token included)
             out: list[int] = []  # the output's tokens (no end-of-generation token)
             spans: list[Span] = []
             emitted: list[int] = []
@@ -157,7 +156,8 @@ class Engine:
                 if self._cancel.is_set() or (cancel is not None and cancel.is_set()):
                     finish = "cancelled"
                     break
-                room = params.max_tokens - n_out  # the verify always adds one token, so draft at most room-1
+                # The verify always adds one token, so draft at most room - 1.
+                room = params.max_tokens - (len(ctx) - n_prompt)
 
                 # 1. Draft.
                 t0 = clock()
@@ -184,7 +184,7 @@ class Engine:
                 # Emit the committed tokens' text; an end-of-generation token or a stop string ends the request.
                 spans, emitted, finish, stopped_by = self._emit(new, from_draft, text)
                 out.extend(emitted)
-                n_out += len(new)
+                n_out = len(ctx) - n_prompt  # committed after the prompt, an end-of-generation token included
                 hist[k] += 1
                 stats = replace(
                     stats,
