@@ -20,11 +20,12 @@ them lose. Two things keep them alive:
   neither changes the decision nor is accepted in full halves that fraction (down to 1/8); otherwise it is
   restored.
 
-Prompt lookup's acceptance is not one number: while the output copies a span of the input, a fully accepted lookup
-round is followed by another (a *streak*), while a fresh n-gram match after the text diverged is a guess, better
-the longer the matched n-gram. So lookup keeps three estimates: right after a fully accepted lookup round;
-otherwise, a match of the longest n-gram length; any other match. On a CPU, where a verify of b tokens costs ~b
-single steps, a long draft pays only where acceptance is near 1, and this is what tells those rounds apart.
+Prompt lookup is different on both counts: it costs nothing to ask and is deterministic, so its proposal is
+checked against the committed tokens every round, drafted or not (:mod:`edgespec.lookup_forecast`). It needs no
+exploration, and its estimate is not one α but the probability that the first k proposed tokens are all accepted,
+by the state of the text (how many tokens in a row the proposals have predicted). On a CPU, where
+a verify of b tokens costs ~b single steps, a long draft pays only where acceptance is near 1, and this is what
+tells those rounds apart.
 
 A drafter that sat out pays a catch-up on return (a draft model decodes the tokens it missed). That cost is
 measured apart from the per-token cost. Up to ``catchup_allowance`` of a plain step per missed token is
@@ -39,7 +40,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-LOOKUP = "lookup"  # the drafter whose proposal length per round is given to plan() (it is computed first)
+import numpy as np
+
+from edgespec.lookup_forecast import LookupForecast
+
+LOOKUP = "lookup"  # the drafter whose proposal is given to plan() (it is computed first, every round)
+PROBE_CEILING_ALPHA = 0.95  # a drafter that would lose even at this acceptance is not probed
 
 
 @dataclass(frozen=True)
@@ -58,9 +64,18 @@ class RoundController(Protocol):
 
     max_gamma: int
 
-    def plan(self, lookup_len: int = 0, lookup_strong: bool = False) -> Plan: ...
+    def plan(self, lookup: Sequence[int] = ()) -> Plan: ...
 
-    def observe(self, plan: Plan, *, n_drafted: int, n_accepted: int, t_draft: float, t_verify: float) -> None: ...
+    def observe(
+        self,
+        plan: Plan,
+        *,
+        n_drafted: int,
+        n_accepted: int,
+        t_draft: float,
+        t_verify: float,
+        committed: Sequence[int] = (),
+    ) -> None: ...
 
     @property
     def plain_tokens_per_second(self) -> float: ...
@@ -201,9 +216,7 @@ class VerifyCost:
 # ----- the controllers --------------------------------------------------------------------------------------
 @dataclass
 class _DrafterState:
-    acceptance: Acceptance
-    streak_acceptance: Acceptance  # lookup only: rounds right after a fully accepted lookup round
-    strong_acceptance: Acceptance  # lookup only: other rounds whose match is of the longest n-gram length
+    acceptance: Acceptance  # per-position α (not used for lookup, which has its LookupForecast)
     cost: DecayedRatio  # seconds per drafted token
     catchup: DecayedRatio  # extra seconds per token committed while the drafter sat out
     gap: int = 0  # tokens committed since the drafter last ran
@@ -223,9 +236,9 @@ class _Option:
 class Controller:
     """Adaptive choice of drafter and γ per round from measured acceptance and costs (see the module doc).
 
-    ``drafters`` names the available drafters; the one named ``"lookup"`` can only draft what
-    :meth:`plan`'s ``lookup_len`` says it found, and its cost per token is assumed 0 until measured. Any
-    other (``"model"``) is measured by a short first draft right after the first plain round.
+    ``drafters`` names the available drafters; the one named ``"lookup"`` can only draft what :meth:`plan` is
+    given as its proposal, and costs nothing (the engine asks it every round anyway). Any other (``"model"``)
+    is measured by a short first draft right after the first plain round.
 
     Tuning (the defaults were chosen on :mod:`edgespec.controller_sim`'s CPU and GPU profiles):
     ``alpha_prior``/``prior_weight`` the weak prior on α; ``alpha_decay`` forgetting per observed draft
@@ -267,16 +280,13 @@ class Controller:
         self._state = {
             d: _DrafterState(
                 Acceptance(alpha_prior, prior_weight, alpha_decay),
-                Acceptance(alpha_prior, prior_weight, alpha_decay),
-                Acceptance(alpha_prior, prior_weight, alpha_decay),
                 DecayedRatio(cost_decay),
                 DecayedRatio(cost_decay),
             )
             for d in self.drafters
         }
+        self._lookup = LookupForecast(max_gamma) if LOOKUP in self.drafters else None
         self._probing: str | None = None  # the drafter of an unresolved probe
-        self._streak = False  # the last round was a lookup round that accepted everything it drafted
-        self._strong = False  # this round's lookup match is of the longest n-gram length the drafter tries
         self._probe_accepted = False  # whether all its tokens were accepted
 
     # ----- public ----------------------------------------------------------------------------------------
@@ -290,6 +300,8 @@ class Controller:
         """Optional hint that every drafter was just reset to a new prompt, so none has tokens to catch up."""
         for st in self._state.values():
             st.gap = 0
+        if self._lookup is not None:
+            self._lookup.reset()
 
     def record_costs(
         self, verify: dict[int, float], draft: dict[str, float], catchup: dict[str, float] | None = None
@@ -308,24 +320,20 @@ class Controller:
                 self._state[name].catchup.add(seconds)
 
     def alpha(self, drafter: str) -> float:
-        """The acceptance estimate of ``drafter`` for the next round."""
-        return self._acceptance(drafter).alpha
+        """The acceptance estimate of ``drafter``'s next drafted token (lookup: of its current proposal's first)."""
+        if drafter == LOOKUP and self._lookup is not None:
+            first = self._lookup.survival(1)
+            return float(first[0]) if len(first) else 0.0
+        return self._state[drafter].acceptance.alpha
 
-    def _acceptance(self, drafter: str) -> Acceptance:
-        st = self._state[drafter]
-        if drafter != LOOKUP:
-            return st.acceptance
-        if self._streak:
-            return st.streak_acceptance
-        return st.strong_acceptance if self._strong else st.acceptance
-
-    def plan(self, lookup_len: int = 0, lookup_strong: bool = False) -> Plan:
-        """``lookup_len``: tokens the lookup drafter found; ``lookup_strong``: found with its longest n-gram."""
-        self._strong = lookup_strong
+    def plan(self, lookup: Sequence[int] = ()) -> Plan:
+        """``lookup``: what the lookup drafter proposes at this position (it is checked whatever the plan)."""
+        if self._lookup is not None:
+            self._lookup.offer(lookup)
         curve = self._verify.curve(self.max_gamma + 1)
         if curve is None or self._verify.measured(1) is None:
             return Plan(None, 0, "measuring the plain decode cost")
-        caps = {d: self._cap(d, lookup_len) for d in self.drafters}
+        caps = {d: self._cap(d, len(lookup)) for d in self.drafters}
         plain = _Option(None, 0, 1.0 / curve[1], 1.0, curve[1])
         best_draft: _Option | None = None
         for d, cap in caps.items():
@@ -355,27 +363,36 @@ class Controller:
             return Plan(None, 0, why)
         return Plan(best.drafter, best.gamma, self._describe(best, plain))
 
-    def observe(self, plan: Plan, *, n_drafted: int, n_accepted: int, t_draft: float, t_verify: float) -> None:
+    def observe(
+        self,
+        plan: Plan,
+        *,
+        n_drafted: int,
+        n_accepted: int,
+        t_draft: float,
+        t_verify: float,
+        committed: Sequence[int] = (),
+    ) -> None:
+        """What the round did. ``committed``: the tokens it committed, which settle lookup's proposals."""
         if not 0 <= n_accepted <= n_drafted:
             raise ValueError(f"need 0 <= n_accepted <= n_drafted, got {n_accepted}, {n_drafted}")
         self._verify.add(n_drafted + 1, t_verify)
+        if self._lookup is not None:
+            self._lookup.commit(committed)
         used = plan.drafter
         st = self._state.get(used) if used is not None else None
         if st is not None:
             if used == self._probing:
                 self._probe_accepted = 0 < n_drafted == n_accepted
-            if n_drafted:
-                self._acceptance(used).update(n_drafted, n_accepted)
+            if n_drafted and used != LOOKUP:
+                st.acceptance.update(n_drafted, n_accepted)
             self._record_draft_cost(st, n_drafted, t_draft)
             st.gap = 0
             st.credit = 0.0
-        self._streak = used == LOOKUP and 0 < n_drafted == n_accepted
         spent = t_draft + t_verify
         for d, other in self._state.items():
-            if d != used:
+            if d != used and d != LOOKUP:  # lookup is checked every round: it never sits out
                 other.acceptance.forget(self.idle_decay)
-                other.streak_acceptance.forget(self.idle_decay)
-                other.strong_acceptance.forget(self.idle_decay)
                 other.gap += n_accepted + 1
                 other.credit += self.explore / 2**other.backoff * spent
 
@@ -384,18 +401,31 @@ class Controller:
         return min(self.max_gamma, max(lookup_len, 0)) if drafter == LOOKUP else self.max_gamma
 
     def _draft_cost(self, drafter: str) -> float | None:
-        cost = self._state[drafter].cost.value
-        if cost is None and drafter == LOOKUP:
-            return 0.0  # an index lookup; measured once it runs
-        return cost
+        if drafter == LOOKUP:
+            return 0.0  # an index lookup the engine makes every round, drafting or not
+        return self._state[drafter].cost.value
 
-    def _option(self, drafter: str, gammas: range, curve: list[float], cost: float | None = None) -> _Option | None:
-        """The fastest of drafting γ in ``gammas`` with ``drafter`` (None if its cost is unknown)."""
+    def _option(
+        self,
+        drafter: str,
+        gammas: range,
+        curve: list[float],
+        cost: float | None = None,
+        alpha: float | None = None,
+    ) -> _Option | None:
+        """The fastest of drafting γ in ``gammas`` with ``drafter`` (None if its cost is unknown); ``alpha``
+        replaces a draft model's acceptance estimate."""
         cost = self._draft_cost(drafter) if cost is None else cost
         if cost is None or not gammas:
             return None
         st = self._state[drafter]
-        alpha = self._acceptance(drafter).alpha
+        if drafter == LOOKUP:
+            assert self._lookup is not None
+            # E[tokens] = the target's own token + each drafted token's chance to be reached and accepted.
+            survival = self._lookup.survival(gammas[-1])
+            tokens_by_gamma = 1.0 + np.concatenate(([0.0], np.cumsum(survival)))
+        elif alpha is None:
+            alpha = st.acceptance.alpha
         switch = 0.0
         if st.gap > 2:
             # Back after sitting out: the catch-up beyond the allowance (see the module doc) is charged to
@@ -404,7 +434,7 @@ class Controller:
             switch = st.gap * excess
         best = None
         for gamma in gammas:
-            tokens = expected_tokens(alpha, gamma)
+            tokens = float(tokens_by_gamma[gamma]) if drafter == LOOKUP else expected_tokens(alpha, gamma)
             seconds = curve[gamma + 1] + gamma * cost + switch
             if best is None or tokens / seconds > best[0]:
                 best = (tokens / seconds, gamma, tokens, seconds)
@@ -417,11 +447,18 @@ class Controller:
         chosen, spare = None, -math.inf
         for d, cap in caps.items():
             st = self._state[d]
-            if d == best.drafter or cap == 0:
+            if d == best.drafter or d == LOOKUP or cap == 0:  # lookup is checked every round for free
                 continue
             # A drafter never measured costs, for this purpose, a target step per token: its first probe is
             # immediate (infinite credit), a retry (it drafted nothing) waits for credit like any probe.
             cost = self._draft_cost(d)
+            if cost is not None:
+                # Pointless where even a drafter that is nearly always right would lose (a draft model on a CPU,
+                # where its steps and the wide verify cost more than the tokens they save). Not "always right":
+                # no draft model is, and at α=1 a 15-token draft would just break even on the dev CPU.
+                ceiling = self._option(d, range(1, cap + 1), curve, cost, alpha=PROBE_CEILING_ALPHA)
+                if ceiling is not None and ceiling.rate <= best.rate:
+                    continue
             gamma = min(self.probe_gamma, cap)
             option = self._option(d, range(gamma, gamma + 1), curve, curve[1] if cost is None else cost)
             assert option is not None
@@ -455,8 +492,12 @@ class Controller:
         head = f"{option.drafter} γ={option.gamma}"
         if self._draft_cost(option.drafter) is None:
             return f"{head}: measuring its cost"
-        alpha = self._acceptance(option.drafter).alpha
-        text = f"{head} α={alpha:.2f} est {option.rate:.1f} tok/s"
+        if option.drafter == LOOKUP:
+            assert self._lookup is not None
+            odds = f"P(all)={self._lookup.survival(option.gamma)[-1]:.2f}"
+        else:
+            odds = f"α={self._state[option.drafter].acceptance.alpha:.2f}"
+        text = f"{head} {odds} est {option.rate:.1f} tok/s"
         return text if plain is None else f"{text} vs plain {plain.rate:.1f}"
 
 
@@ -488,14 +529,23 @@ class FixedController:
         if 1 in verify:
             self._plain.add(verify[1])
 
-    def plan(self, lookup_len: int = 0, lookup_strong: bool = False) -> Plan:
+    def plan(self, lookup: Sequence[int] = ()) -> Plan:
         if self.drafter is None:
             return Plan(None, 0, "fixed: plain decoding")
-        gamma = min(self.gamma, lookup_len) if self.drafter == LOOKUP else self.gamma
+        gamma = min(self.gamma, len(lookup)) if self.drafter == LOOKUP else self.gamma
         if gamma <= 0:
             return Plan(None, 0, "fixed: lookup found nothing")
         return Plan(self.drafter, gamma, f"fixed: {self.drafter} γ={gamma}")
 
-    def observe(self, plan: Plan, *, n_drafted: int, n_accepted: int, t_draft: float, t_verify: float) -> None:
+    def observe(
+        self,
+        plan: Plan,
+        *,
+        n_drafted: int,
+        n_accepted: int,
+        t_draft: float,
+        t_verify: float,
+        committed: Sequence[int] = (),
+    ) -> None:
         if n_drafted == 0:
             self._plain.add(t_verify)

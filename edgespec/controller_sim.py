@@ -1,8 +1,11 @@
-"""A round-level simulator for controllers: synthetic costs and acceptance, no models.
+"""Round-level simulators for controllers: no models, costs from a profile.
 
-Each simulated round asks the controller for a plan, drafts ``γ`` tokens (lookup: at most what it "found"),
-accepts each position with probability α until the first rejection, charges the profile's draft and verify
-costs, and reports it all back through ``observe``. Used by the controller's tests and to compare strategies.
+:func:`simulate` uses synthetic acceptance. The target's output is the token stream 0, 1, 2, ...; each round the
+lookup drafter "finds" a proposal whose first tokens are right with probability α each (until the first wrong one),
+the controller plans, a draft model's tokens are accepted with its own α, and the committed tokens, the profile's
+draft and verify costs go back through ``observe``. :func:`replay` runs a controller over a real token stream
+(a recorded generation) with the real :class:`~edgespec.drafters.lookup.LookupDrafter`. Used by the controller's
+tests and to compare strategies.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edgespec.controller import LOOKUP, FixedController, Plan, RoundController, expected_tokens
+from edgespec.drafters.lookup import LookupDrafter
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,7 @@ GPU_PROFILE = CostProfile(
 )
 
 AlphaSchedule = Mapping[str, float] | Callable[[int], Mapping[str, float]]  # fixed, or by tokens generated
+WRONG = -1  # a proposed token the target never commits (the stream is 0, 1, 2, ...)
 # How many tokens the lookup drafter has ready: fixed, or by (tokens generated so far, rng). Output echoes its
 # input at *text positions*, so a schedule by position (copy spans) is more faithful than a per-round coin.
 LookupSchedule = int | Callable[[int, np.random.Generator], int]
@@ -89,12 +94,18 @@ def simulate(
     result = SimResult()
     gap: dict[str, int] = {}  # tokens each drafter missed since it last ran
     while result.tokens < n_tokens:
-        found = lookup_len(result.tokens, rng) if callable(lookup_len) else lookup_len
-        plan = controller.plan(found)
+        at = result.tokens
+        found = lookup_len(at, rng) if callable(lookup_len) else lookup_len
+        alphas = alpha(at) if callable(alpha) else alpha
+        right = _accepted(rng, alphas.get(LOOKUP, 0.0), found)
+        proposal = list(range(at, at + right)) + [WRONG] * (found - right)
+        plan = controller.plan(proposal)
         d = plan.drafter
         gamma = min(plan.gamma, found) if d == LOOKUP else plan.gamma
-        alphas = alpha(result.tokens) if callable(alpha) else alpha
-        accepted = _accepted(rng, alphas.get(d, 0.0), gamma) if d is not None else 0
+        if d == LOOKUP:
+            accepted = min(right, gamma)
+        else:
+            accepted = _accepted(rng, alphas.get(d, 0.0), gamma) if d is not None else 0
         t_draft = t_verify = 0.0
         if d is not None:
             t_draft = gamma * profile.draft[d] + gap.get(d, 0) * profile.catchup.get(d, 0.0)
@@ -103,7 +114,14 @@ def simulate(
         if profile.noise:
             t_draft *= float(rng.lognormal(0.0, profile.noise))
             t_verify *= float(rng.lognormal(0.0, profile.noise))
-        controller.observe(plan, n_drafted=gamma, n_accepted=accepted, t_draft=t_draft, t_verify=t_verify)
+        controller.observe(
+            plan,
+            n_drafted=gamma,
+            n_accepted=accepted,
+            t_draft=t_draft,
+            t_verify=t_verify,
+            committed=range(at, at + accepted + 1),
+        )
         result.rounds.append((result.tokens, plan))
         for other in profile.draft:
             if other != d:
@@ -154,3 +172,47 @@ def best_fixed(
             best = (Plan(drafter, gamma, "fixed"), result)
     assert best is not None
     return best
+
+
+def replay(
+    controller: RoundController,
+    prompt: Sequence[int],
+    output: Sequence[int],
+    verify_cost: Callable[[int], float],
+    *,
+    lookup: LookupDrafter | None = None,
+) -> SimResult:
+    """Generate ``output`` again after ``prompt`` with lookup drafting under ``controller``.
+
+    The target is assumed to commit ``output`` whatever is drafted (greedy decoding does, up to near-ties), so a
+    lookup draft is accepted for as long as it agrees with it. ``verify_cost(b)`` is the seconds of a decode of
+    b tokens; lookup itself is free. No draft model: a plan for one is an error.
+    """
+    lookup = lookup or LookupDrafter()
+    context = list(prompt)
+    lookup.reset(context)
+    controller.start_request()
+    result = SimResult()
+    n = len(output)
+    while result.tokens < n:
+        at = result.tokens
+        room = n - at
+        proposal = lookup.propose(context, min(controller.max_gamma, room - 1)).tokens
+        plan = controller.plan(proposal)
+        if plan.drafter not in (None, LOOKUP):
+            raise ValueError(f"replay has no {plan.drafter!r} drafter")
+        gamma = min(plan.gamma, len(proposal))
+        accepted = 0
+        while accepted < gamma and proposal[accepted] == output[at + accepted]:
+            accepted += 1
+        committed = output[at : at + accepted + 1]
+        t_verify = verify_cost(gamma + 1)
+        controller.observe(
+            plan, n_drafted=gamma, n_accepted=accepted, t_draft=0.0, t_verify=t_verify, committed=committed
+        )
+        result.rounds.append((at, plan))
+        context.extend(committed)
+        lookup.commit(context)
+        result.tokens += len(committed)
+        result.seconds += t_verify
+    return result

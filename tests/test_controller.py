@@ -105,7 +105,7 @@ def test_starts_by_measuring_plain_then_the_draft_model():
 def test_without_drafters_it_is_plain_decoding():
     ctl = Controller([])
     for _ in range(3):
-        plan = ctl.plan(lookup_len=5)  # no lookup drafter: lookup_len is ignored
+        plan = ctl.plan([1, 2, 3, 4, 5])  # no lookup drafter: its proposal is ignored
         assert plan.drafter is None and plan.gamma == 0
         ctl.observe(plan, n_drafted=0, n_accepted=0, t_draft=0.0, t_verify=0.05)
 
@@ -206,7 +206,9 @@ def test_gpu_mixes_lookup_in_copied_spans_with_the_model_elsewhere():
     _, best = best_fixed(GPU, alphas, ["model", "lookup"], n_tokens=6000, lookup_len=spans, seed=8)
     assert auto.tokens_per_second > 1.1 * best.tokens_per_second
     in_span = [p.drafter for t, p in auto.rounds if t >= 1000 and t % 100 < 38]
-    assert in_span.count("lookup") / len(in_span) > 0.9
+    # Not all: a span's first tokens come right after proposals that found nothing (no run yet), where a fresh
+    # match is a guess; the draft model takes those until the run shows the copy.
+    assert in_span.count("lookup") / len(in_span) > 0.8
 
 
 def test_best_fixed_helper_finds_the_best_strategy():
@@ -239,14 +241,14 @@ def test_estimates_carry_across_requests():
 
 # ----- the fixed controller ---------------------------------------------------------------------------------
 def test_fixed_controller():
-    assert FixedController(None, 0).plan(lookup_len=5) == Plan(None, 0, "fixed: plain decoding")
+    assert FixedController(None, 0).plan([7] * 5) == Plan(None, 0, "fixed: plain decoding")
     assert FixedController("model", 0).plan().drafter is None
     model = FixedController("model", 4)
-    assert (model.plan(lookup_len=0).drafter, model.plan().gamma) == ("model", 4)
+    assert (model.plan([]).drafter, model.plan().gamma) == ("model", 4)
     lookup = FixedController("lookup", 5)
-    assert (lookup.plan(lookup_len=3).drafter, lookup.plan(lookup_len=3).gamma) == ("lookup", 3)
-    assert lookup.plan(lookup_len=9).gamma == 5
-    assert lookup.plan(lookup_len=0) == Plan(None, 0, "fixed: lookup found nothing")
+    assert (lookup.plan([7] * 3).drafter, lookup.plan([7] * 3).gamma) == ("lookup", 3)
+    assert lookup.plan([7] * 9).gamma == 5
+    assert lookup.plan([]) == Plan(None, 0, "fixed: lookup found nothing")
     with pytest.raises(ValueError):
         FixedController(None, 2)
     with pytest.raises(ValueError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import threading
 from types import SimpleNamespace
 
@@ -243,7 +244,7 @@ def test_cli_no_tui_chat_list_and_resume(tiny_model_path, tmp_path, monkeypatch)
     runner = CliRunner()
     first = runner.invoke(chat, args, input="What is the capital of France?\n/quit\n")
     assert first.exit_code == 0, first.output
-    assert "accepted" in first.stderr  # the stats line
+    assert re.search(r"\[12 tokens · [\d.]+ tok/s · ", first.stderr)  # the stats line
     assert first.stdout.strip()  # the reply
     store = ChatStore(tmp_path / "chats")
     saved = store.latest()

@@ -1,0 +1,142 @@
+"""How many of prompt lookup's proposed tokens the target will accept, learned from every round for free.
+
+Prompt lookup is deterministic and costs nothing to ask, so its proposal can be made every round — also in the
+rounds that do not draft with it — and checked against the tokens the target then commits. Where the target
+decodes greedily, a drafted token is accepted exactly when it equals the token committed at its place; where it
+samples, a one-hot draft ``d`` is accepted with probability p(d), the probability that the committed token is
+``d``. Either way, "the committed tokens began with the proposal's first k tokens" is an unbiased sample of "a
+draft of k would have been accepted in full", whatever the round actually did. So lookup needs no exploration
+rounds, and choosing plain decoding costs it no information.
+
+What a proposal's chance depends on is the state of the text. While the output copies a span of the input, every
+proposal is right for as long as the copy goes on; after it diverges, the next match is a guess. The state is the
+*run*: how many committed tokens in a row the proposals predicted, in logarithmic buckets (0, 1, 2-3, 4-7, ...).
+
+Per state it keeps the *hazard* ``h(k) = P(token k right | tokens 1..k-1 right)`` for k = 1..max_len, from counts
+that fade with every committed token (so they describe the last ~50 tokens of text, not the session). The survival
+``S(k) = h(1)···h(k)``, the chance that a draft of k is accepted in full, then assumes no independence between
+positions: in a copy h rises with k, in prose it falls. Before a state has evidence, its hazard follows the rule of
+succession: after ``r + k - 1`` right predictions in a row, the next is right with probability
+``(r + k) / (r + k + f)``, ``f`` pseudo-failures making it cautious (on a CPU a wrong long draft costs several
+decode steps for one token).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def run_bucket(run: int) -> int:
+    """0 for no run, else 1 + floor(log2(run)): runs of 1, 2-3, 4-7, 8-15, ... share evidence."""
+    return run.bit_length()
+
+
+@dataclass
+class _Pending:
+    """A proposal still being checked against the committed tokens."""
+
+    bucket: int
+    tokens: list[int]
+    matched: int = 0
+
+
+class LookupForecast:
+    """Survival of prompt lookup's proposals by run state, from proposals checked against committed tokens.
+
+    Per round: :meth:`offer` the proposal (before the plan), :meth:`survival` for the plan, then :meth:`commit`
+    the tokens the round committed. ``decay``: how much of the evidence survives each committed token;
+    ``prior_weight``: how many observations the rule-of-succession prior counts for; ``prior_failures``: its ``f``.
+    (The defaults were chosen by replaying recorded generations of the bench's prompts and of a held-out set.)
+    """
+
+    def __init__(
+        self,
+        max_len: int,
+        *,
+        decay: float = 0.98,
+        prior_weight: float = 2.0,
+        prior_failures: float = 2.0,
+        max_run: int = 1 << 12,
+    ) -> None:
+        if max_len < 1:
+            raise ValueError("max_len must be >= 1")
+        self.max_len = max_len
+        self.decay = decay
+        self.prior_weight = prior_weight
+        self.prior_failures = prior_failures
+        self.max_run = max_run
+        self.run = 0  # committed tokens in a row that proposals predicted
+        self._bucket = 0  # run_bucket(run) when the current proposal was offered
+        self._offer: list[int] = []
+        self._pending: list[_Pending] = []
+        n_buckets = run_bucket(max_run) + 1
+        self._trials = np.zeros((n_buckets, max_len))  # [bucket, k-1]: proposals tested at position k
+        self._hits = np.zeros((n_buckets, max_len))  # of those, right at position k
+        k = np.arange(1, max_len + 1)
+        low_end = np.array([0] + [1 << (b - 1) for b in range(1, n_buckets)])  # the shortest run of each bucket
+        self._prior = (low_end[:, None] + k) / (low_end[:, None] + k + prior_failures)
+
+    # ----- per round ---------------------------------------------------------------------------------------
+    def offer(self, tokens: Sequence[int]) -> None:
+        """The lookup proposal at the current position (empty if it found none)."""
+        self._offer = [int(t) for t in tokens[: self.max_len]]
+        self._bucket = run_bucket(min(self.run, self.max_run))
+        if self._offer:
+            self._pending.append(_Pending(self._bucket, self._offer))
+
+    def survival(self, length: int) -> np.ndarray:
+        """``S[k-1]``: estimated chance that the current proposal's first k tokens are all accepted, k ≤ length."""
+        length = min(length, len(self._offer))
+        return np.cumprod(self.hazard(self._bucket)[:length])
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        """The tokens the round committed, in order: they extend or end the run and settle pending proposals."""
+        committed = [int(t) for t in tokens]
+        if not committed:
+            return
+        offer = self._offer
+        predicted = 0
+        while predicted < min(len(offer), len(committed)) and offer[predicted] == committed[predicted]:
+            predicted += 1
+        if not offer or predicted < min(len(offer), len(committed)):
+            self.run = 0  # nothing was proposed, or a proposed token was wrong
+        else:
+            self.run += predicted  # every compared token was right (the proposal may have run out)
+        self._offer = []
+        fade = self.decay ** len(committed)
+        self._trials *= fade
+        self._hits *= fade
+        still: list[_Pending] = []
+        for p in self._pending:
+            for tok in committed:
+                if p.tokens[p.matched] != tok:
+                    break
+                p.matched += 1
+                if p.matched == len(p.tokens):
+                    break
+            else:
+                still.append(p)  # right so far, with tokens left to check
+                continue
+            self._record(p.bucket, p.matched, len(p.tokens))
+        self._pending = still
+
+    def reset(self) -> None:
+        """A new request: pending proposals are about a text that will not continue; the evidence stays."""
+        self._pending.clear()
+        self._offer = []
+        self.run = 0
+
+    # ----- estimates ---------------------------------------------------------------------------------------
+    def hazard(self, bucket: int) -> np.ndarray:
+        """``h[k-1]`` = P(token k of a proposal made in run bucket ``bucket`` is right | tokens before k were)."""
+        w = self.prior_weight
+        return (self._hits[bucket] + w * self._prior[bucket]) / (self._trials[bucket] + w)
+
+    def _record(self, bucket: int, matched: int, length: int) -> None:
+        """A proposal of ``length`` tokens had its first ``matched`` right (then one wrong, if ``matched <
+        length``): positions 1..matched were hits, position matched+1 a miss, later ones untested."""
+        self._trials[bucket, : min(matched + 1, length)] += 1.0
+        self._hits[bucket, :matched] += 1.0

@@ -1,0 +1,151 @@
+"""Prompt lookup's acceptance forecast: proposals checked against committed tokens, drafted or not."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgespec.controller import Controller, FixedController
+from edgespec.controller_sim import replay
+from edgespec.lookup_forecast import LookupForecast, run_bucket
+
+# Decode cost of b tokens in single steps on the 2-core dev CPU (`edgespec bench --costs`, b = 1..17): not
+# smooth, a 16-token decode is cheaper than a 15-token one.
+CPU_STEPS = [1.0, 1.95, 2.75, 3.18, 3.93, 4.65, 5.44, 5.52, 6.03, 6.51, 7.04, 6.9, 7.44, 7.97, 8.45, 6.66, 8.28]
+
+
+def cpu_cost(b: int) -> float:
+    return 0.021 * CPU_STEPS[b - 1]
+
+
+def cpu_controller() -> Controller:
+    ctl = Controller(["lookup"], max_gamma=16)
+    ctl.record_costs({b: cpu_cost(b) for b in range(1, 18)}, {})
+    return ctl
+
+
+def test_run_buckets_are_logarithmic():
+    assert [run_bucket(r) for r in (0, 1, 2, 3, 4, 7, 8, 15, 16)] == [0, 1, 2, 2, 3, 3, 4, 4, 5]
+
+
+def test_before_evidence_a_longer_run_promises_more():
+    f = LookupForecast(8)
+    hazards = [f.hazard(b) for b in range(6)]
+    for low, high in zip(hazards, hazards[1:], strict=False):
+        assert np.all(high > low)
+    assert hazards[0][0] == pytest.approx(1 / 3)  # (0 + 1) / (0 + 1 + 2): a fresh match is a guess
+
+
+def test_run_grows_with_right_proposals_and_ends_at_a_wrong_one():
+    f = LookupForecast(8)
+    f.offer([5, 6, 7])
+    f.commit([5])  # a plain round: the proposal's first token was right
+    assert f.run == 1
+    f.offer([6, 7, 8])
+    f.commit([6, 7, 8, 9])  # the proposal ran out before the round did: the run goes on
+    assert f.run == 4
+    f.offer([10, 11])
+    f.commit([10, 12])  # second token wrong
+    assert f.run == 0
+    f.offer([])
+    f.commit([13])
+    assert f.run == 0  # nothing proposed: no run
+
+
+def test_a_proposal_is_settled_over_several_rounds():
+    f = LookupForecast(6, decay=1.0, prior_weight=1e-9)
+    f.offer([1, 2, 3, 4, 5])
+    for tok in (1, 2, 3):
+        f.commit([tok])
+        f.offer([])  # later rounds propose nothing, so only the first proposal is being checked
+    f.commit([9])  # the 4th token differs: positions 1-3 right, 4 wrong, 5 never tested
+    h = f.hazard(0)
+    assert h[:3] == pytest.approx([1.0, 1.0, 1.0])
+    assert h[3] == pytest.approx(0.0, abs=1e-6)
+    assert h[4] == pytest.approx(f._prior[0][4])  # untested: still the prior
+
+
+def test_reset_drops_pending_proposals_but_keeps_evidence():
+    f = LookupForecast(4, decay=1.0)
+    for _ in range(20):
+        f.offer([1])
+        f.commit([2])  # always wrong
+    before = f.hazard(0).copy()
+    f.offer([1, 2, 3])
+    f.reset()
+    f.commit([1, 2, 3])  # would have settled the dropped proposal
+    assert f.run == 0
+    assert f.hazard(0) == pytest.approx(before)
+
+
+def test_sampled_acceptance_is_estimated_without_bias():
+    # Each proposed token is right with probability 0.7 (as a one-hot draft at temperature > 0 is accepted with
+    # probability p(d), the chance that the sampled token is d): the hazard must come out at 0.7.
+    rng = np.random.default_rng(0)
+    f = LookupForecast(4, decay=1.0, prior_weight=1e-9)
+    stream = 0
+    for _ in range(4000):
+        proposal = []
+        for i in range(4):
+            proposal.append(stream + i if rng.random() < 0.7 else -1)
+        f.offer(proposal)
+        f.commit([stream])
+        stream += 1
+        f.run = 0  # keep every proposal in one bucket
+    h = f.hazard(0)
+    for k in range(4):
+        assert h[k] == pytest.approx(0.7, abs=0.04)
+
+
+# ----- the controller on token streams (replay) -------------------------------------------------------------
+def edited_copy(rng: np.random.Generator, source: list[int], every: int) -> list[int]:
+    """``source`` again with one token changed every ``every`` tokens (a small edit of the input)."""
+    out = list(source)
+    for i in range(every // 2, len(out), every):
+        out[i] = int(rng.integers(50_000, 60_000))
+    return out
+
+
+def test_replay_copies_long_spans_with_long_drafts():
+    rng = np.random.default_rng(1)
+    source = [int(t) for t in rng.integers(0, 40_000, 400)]
+    output = edited_copy(rng, source, 60)
+    prompt = [1, 2, 3, *source, 4, 5]
+    auto = replay(cpu_controller(), prompt, output, cpu_cost)
+    plain_seconds = len(output) * cpu_cost(1)
+    speedup = plain_seconds / auto.seconds
+    assert speedup > 1.6
+    drafted = [p.gamma for _, p in auto.rounds if p.drafter == "lookup"]
+    assert np.mean(drafted) > 8
+    # Always drafting 15 is the best possible policy here (every match is right: the tokens are random), and auto
+    # comes close; it trails because after each edit it waits for a run of right proposals before drafting long.
+    fixed = replay(FixedController("lookup", 15), prompt, output, cpu_cost)
+    assert auto.seconds < 1.3 * fixed.seconds
+    for gamma in (2, 4):
+        assert auto.seconds < replay(FixedController("lookup", gamma), prompt, output, cpu_cost).seconds
+
+
+def test_replay_novel_text_stays_plain_at_no_cost():
+    rng = np.random.default_rng(2)
+    prompt = [int(t) for t in rng.integers(0, 12, 200)]  # a tiny vocabulary: n-grams match often, by chance
+    output = [int(t) for t in rng.integers(0, 12, 400)]
+    auto = replay(cpu_controller(), prompt, output, cpu_cost)
+    plain_seconds = len(output) * cpu_cost(1)
+    assert plain_seconds / auto.seconds > 0.99  # lookup was offered often and almost never taken
+    lookup4 = replay(FixedController("lookup", 4), prompt, output, cpu_cost)
+    assert plain_seconds / lookup4.seconds < 0.9  # what always drafting costs there
+
+
+def test_replay_switches_within_one_reply():
+    # Prose, then a copied block, then prose again: lookup drafts in the block and stops after it.
+    rng = np.random.default_rng(3)
+    block = [int(t) for t in rng.integers(0, 40_000, 200)]
+    prompt = [7, 7, *block, 8]
+    prose = [int(t) for t in rng.integers(40_000, 50_000, 150)]
+    prose2 = [int(t) for t in rng.integers(40_000, 50_000, 150)]
+    output = prose + block + prose2
+    result = replay(cpu_controller(), prompt, output, cpu_cost)
+    in_block = [p.drafter for t, p in result.rounds if 170 <= t < 340]
+    after = [p.drafter for t, p in result.rounds if t >= 360]
+    assert in_block.count("lookup") / len(in_block) > 0.8
+    assert after.count("lookup") / len(after) < 0.05
