@@ -16,6 +16,11 @@ timed: the prompt's prefill (cached across strategies for the engine, not for pe
 gets one fresh engine per task class, run over all of that class's prompts: its estimates carry over between
 prompts of one kind of text, as they would in a session, but no class benefits from what another taught it.
 
+Greedy runs also report each class's *lookup ceiling*: the speedup that the best possible lookup schedule would
+reach on plain's output (drafting exactly as far as each proposal turns out right), priced with the decode costs
+measured at the start. No controller of prompt lookup can beat it, so it says how much of what is there ``auto``
+takes, and when a goal is out of reach on this machine.
+
 Speedups are ratios of rates measured side by side in one run; nothing here asserts a time.
 """
 
@@ -138,6 +143,7 @@ class RunRecord:
     finish_reason: str
     text: str
     token_times: list[float] = field(default_factory=list)  # seconds per token, one entry per decode token
+    ceiling: float | None = None  # plain only: the lookup ceiling's speedup on this output (see lookup_ceiling)
 
 
 def _spread(times: list[float], dt: float, n: int) -> None:
@@ -173,6 +179,7 @@ def measure_engine(engine: Engine, prompt: Sequence[int], params: SamplingParams
         finish_reason=done.finish_reason,
         text=done.text,
         token_times=times,
+        tokens=list(done.tokens),
     )
 
 
@@ -341,9 +348,16 @@ def run_bench(
     lookup_len: int = DEFAULT_LOOKUP_LEN,
     p_min: float = 0.0,
     warmup: bool = True,
+    ceiling: bool = True,
     on_run: OnRun | None = None,
 ) -> BenchResult:
-    """Run every prompt of ``tasks`` under every strategy (see the module docstring); collect the records."""
+    """Run every prompt of ``tasks`` under every strategy (see the module docstring); collect the records.
+
+    ``ceiling`` (greedy only): also compute, on each plain output, the speedup of the best possible lookup
+    schedule under this machine's decode costs (measured once here): what no lookup controller can beat."""
+    from edgespec.controller_sim import lookup_ceiling
+    from edgespec.engine import DEFAULT_MAX_GAMMA
+
     strategies = parse_strategies(strategies, has_draft=draft is not None)
     prompts = {(t.name, p.id): render_prompt(target, p.messages) for t in tasks for p in t.prompts}
     longest = max((len(p) for p in prompts.values()), default=0)
@@ -370,6 +384,8 @@ def run_bench(
             for runner in (*engines.values(), *peers.values()):
                 _measure(runner, first, short)
 
+        widths = range(1, DEFAULT_MAX_GAMMA + 2)
+        cost_curve = decode_costs(target, widths, reps=2) if ceiling and params.greedy else None
         i = 0
         for task in tasks:
             if "auto" in engines:  # fresh per task class: see the module docstring
@@ -379,7 +395,12 @@ def run_bench(
                 i += 1
                 for name in order:
                     runner = engines[name] if name in engines else peers[name]
-                    result = _measure(runner, prompts[(task.name, prompt.id)], params)
+                    tokens = prompts[(task.name, prompt.id)]
+                    result = _measure(runner, tokens, params)
+                    output = result.pop("tokens", None)
+                    if name == PLAIN and cost_curve is not None and output:
+                        seconds = lookup_ceiling(tokens, output, cost_curve.__getitem__, DEFAULT_MAX_GAMMA)
+                        result["ceiling"] = len(output) * cost_curve[1] / seconds
                     records.append(RunRecord(task.name, prompt.id, name, **result))
                     done += 1
                     if on_run is not None:
@@ -387,7 +408,7 @@ def run_bench(
     finally:
         for peer in peers.values():
             peer.close()
-    return BenchResult(_config(target, draft, tasks, strategies, params, lookup_len), records)
+    return BenchResult(_config(target, draft, tasks, strategies, params, lookup_len, DEFAULT_MAX_GAMMA), records)
 
 
 def _measure(runner: Engine | Peer, prompt: list[int], params: SamplingParams) -> dict[str, Any]:
@@ -403,6 +424,7 @@ def _config(
     strategies: Sequence[str],
     params: SamplingParams,
     lookup_len: int,
+    max_gamma: int,
 ) -> dict[str, Any]:
     import os
     import platform
@@ -420,6 +442,7 @@ def _config(
         "temperature": params.temperature,
         "seed": params.seed,
         "lookup_len": lookup_len,
+        "ceiling_max_gamma": max_gamma,
         "n_threads": target.n_threads,
         "n_gpu_layers": target.n_gpu_layers,
         "machine": platform.machine(),
@@ -444,6 +467,7 @@ class Summary:
     p95_ms: float | None
     overhead_share: float | None  # Σ t_other / Σ t_decode: the loop's own (Python) time; None for peers
     same_as_plain: int | None  # greedy only: prompts whose output text equals plain's
+    ceiling: float | None = None  # plain only: pooled speedup of the best possible lookup schedule (greedy)
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -479,6 +503,11 @@ def _summary(runs: list[RunRecord], plain_rate: float | None, plain_text: dict[s
             sum(o for o in other if o is not None) / t_decode if t_decode > 0 and None not in other else None
         ),
         same_as_plain=sum(plain_text.get(r.prompt) == r.text for r in runs) if plain_text is not None else None,
+        ceiling=(
+            sum(r.generated for r in runs) / sum(r.generated / r.ceiling for r in runs)
+            if runs and all(r.ceiling for r in runs)
+            else None
+        ),
     )
 
 
@@ -552,9 +581,11 @@ def render_report(result: BenchResult) -> str:
             if greedy:
                 cells.append(f"{v.same_as_plain}/{v.runs}")
             lines.append(cells)
+        ceiling = row[PLAIN].ceiling if PLAIN in row else None
         parts.append(
             f"{task}: {row[next(iter(row))].runs} prompt(s), up to {cfg['max_tokens']} tokens\n"
             + format_table(headers, lines)
+            + (f"\nlookup ceiling {ceiling:.2f}x" if ceiling else "")
         )
     overall = overall_speedup(summaries)
     tasks = list(summaries)
@@ -566,6 +597,10 @@ def render_report(result: BenchResult) -> str:
         ]
         for s in overall
     ]
+    ceilings = [summaries[t][PLAIN].ceiling if PLAIN in summaries[t] else None for t in tasks]
+    if ceilings and all(ceilings):
+        gm = math.exp(sum(math.log(c) for c in ceilings if c) / len(ceilings))
+        lines.append(["(ceiling)", *(_fmt(c, ".2f", "x") for c in ceilings), _fmt(gm, ".2f", "x")])
     parts.append(
         "speedup vs plain (geometric mean over task classes in the last column)\n"
         + format_table(["strategy", *tasks, "all"], lines)
@@ -579,6 +614,12 @@ def render_report(result: BenchResult) -> str:
         notes.append(
             "=plain: prompts whose output equals plain decoding's (greedy; a near-tie can flip under a batched verify)"
         )
+        if any(ceilings):
+            notes.append(
+                "lookup ceiling: the speedup of the best possible lookup schedule on plain's output (drafting exactly "
+                f"as far as each proposal agrees, γ ≤ {cfg.get('ceiling_max_gamma')}) at the decode costs measured "
+                "here: no lookup controller can beat it"
+            )
     return "\n\n".join(parts) + "\n\n" + "\n".join(notes)
 
 
@@ -681,7 +722,8 @@ def bench(
 
     Every prompt runs under each strategy back to back on the same loaded models, so speedups are ratios
     taken under the same conditions. --draft-len and --lookup are ignored here: --strategies picks.
-    Tables go to stdout, the progress bar to stderr.
+    Greedy runs add each class's lookup ceiling: the speedup of the best possible prompt-lookup schedule on
+    plain's output at this machine's decode costs. Tables go to stdout, the progress bar to stderr.
     """
     import json
 

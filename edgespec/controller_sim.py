@@ -216,3 +216,38 @@ def replay(
         result.tokens += len(committed)
         result.seconds += t_verify
     return result
+
+
+def lookup_ceiling(
+    prompt: Sequence[int],
+    output: Sequence[int],
+    verify_cost: Callable[[int], float],
+    max_gamma: int,
+    *,
+    lookup: LookupDrafter | None = None,
+) -> float:
+    """Seconds the best possible lookup schedule would take to generate ``output`` after ``prompt``.
+
+    An upper bound for any controller of lookup drafting: at each position it knows how far the lookup proposal
+    agrees with the output and drafts exactly that far (or nothing). A dynamic program over positions picks the
+    cheapest sequence of verify widths, priced by ``verify_cost(b)``; ``max_gamma`` caps a draft.
+    """
+    lookup = lookup or LookupDrafter()
+    context = list(prompt)
+    lookup.reset(context)
+    n = len(output)
+    agree: list[int] = []  # agree[i]: leading tokens of the proposal at position i that equal output[i:]
+    for i in range(n):
+        proposal = lookup.propose(context, min(max_gamma, n - i - 1)).tokens
+        m = 0
+        while m < len(proposal) and proposal[m] == output[i + m]:
+            m += 1
+        agree.append(m)
+        context.append(output[i])
+        lookup.commit(context)
+    costs = [0.0] + [verify_cost(b) for b in range(1, max_gamma + 2)]
+    best = [0.0] * (n + 1)  # best[i]: seconds to generate output[i:]
+    for i in range(n - 1, -1, -1):
+        # Drafting g tokens that are all accepted commits g + 1 (the target adds its own).
+        best[i] = min(costs[g + 1] + best[i + g + 1] for g in range(agree[i] + 1))
+    return best[0]

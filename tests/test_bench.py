@@ -182,6 +182,9 @@ def test_run_bench_on_the_tiny_model_with_every_strategy(tiny_model_path: Path) 
     summary = result.summaries()
     assert list(summary["code-edit"]) == ALL
     assert summary["code-edit"]["plain"].speedup == pytest.approx(1.0)
+    # The lookup ceiling is computed on plain's greedy output: a speedup no lookup schedule can beat, >= 1.
+    assert by["plain"].ceiling is not None and by["plain"].ceiling >= 1.0
+    assert all(r.ceiling is None for r in result.records if r.strategy != "plain")
     report = result.to_json()
     assert report["config"]["strategies"] == ALL and len(report["runs"]) == len(ALL)
     json.dumps(report)  # serialisable as the --json output
@@ -226,6 +229,26 @@ def test_text_report_has_a_table_per_class() -> None:
     row = next(line.split() for line in text.splitlines() if line.startswith("lookup"))
     assert row[:5] == ["lookup", "75%", "2.50", "20.0", "2.00x"] and row[-1] == "1/1"
     assert "speedup vs plain" in text and "draft none" in text
+    assert "ceiling" not in text  # none was computed
+
+
+def test_lookup_ceiling_pools_over_a_class_and_is_reported() -> None:
+    from dataclasses import replace
+
+    from edgespec.bench import BenchResult, render_report
+
+    records = [replace(record("edit", "a", "plain", tokens=10, seconds=1.0, rounds=10), ceiling=2.0),
+               replace(record("edit", "b", "plain", tokens=30, seconds=3.0, rounds=30), ceiling=1.0),
+               record("edit", "a", "auto", tokens=10, seconds=0.8, rounds=8)]
+    summary = summarize(records)["edit"]
+    assert summary["plain"].ceiling == pytest.approx(40 / (10 / 2.0 + 30 / 1.0))  # pooled like the rates
+    assert summary["auto"].ceiling is None
+    config = {"target": "/m/t.gguf", "draft": None, "temperature": 0.0, "max_tokens": 30, "n_threads": 2,
+              "lookup_len": 4, "ceiling_max_gamma": 16}
+    text = render_report(BenchResult(config, records))
+    assert "lookup ceiling 1.14x" in text
+    assert next(line.split() for line in text.splitlines() if line.startswith("(ceiling)")) == [
+        "(ceiling)", "1.14x", "1.14x"]
 
 
 def test_costs_table_through_the_cli(tiny_model_path) -> None:

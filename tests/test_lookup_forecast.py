@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from edgespec.controller import Controller, FixedController
-from edgespec.controller_sim import replay
+from edgespec.controller_sim import lookup_ceiling, replay
 from edgespec.lookup_forecast import LookupForecast, run_bucket
 
 # Decode cost of b tokens in single steps on the 2-core dev CPU (`edgespec bench --costs`, b = 1..17): not
@@ -149,3 +149,18 @@ def test_replay_switches_within_one_reply():
     after = [p.drafter for t, p in result.rounds if t >= 360]
     assert in_block.count("lookup") / len(in_block) > 0.8
     assert after.count("lookup") / len(after) < 0.05
+
+
+def test_lookup_ceiling_bounds_every_schedule():
+    rng = np.random.default_rng(4)
+    source = [int(t) for t in rng.integers(0, 40_000, 300)]
+    output = edited_copy(rng, source, 40) + [int(t) for t in rng.integers(40_000, 50_000, 100)]
+    prompt = [1, *source, 2]
+    best = lookup_ceiling(prompt, output, cpu_cost, 16)
+    assert best < len(output) * cpu_cost(1)  # copying pays on this curve
+    for ctl in (cpu_controller(), FixedController("lookup", 4), FixedController("lookup", 15)):
+        assert best <= replay(ctl, prompt, output, cpu_cost).seconds + 1e-9
+    # Where a width costs as much as its tokens decoded one by one, nothing beats plain decoding.
+    assert lookup_ceiling(prompt, output, lambda b: 0.02 * b, 16) == pytest.approx(len(output) * 0.02)
+    # Where width is free, an exact copy needs one decode per 17 tokens (16 drafted + the target's own).
+    assert lookup_ceiling([5, *source], source[:3] + source[3:], lambda b: 1.0, 16) <= len(source) / 17 + 4
