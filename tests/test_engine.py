@@ -202,3 +202,15 @@ def test_measured_costs_are_cached_for_the_next_engine(tmp_path) -> None:
     assert widest == 17 and max(n for n, _ in second_target.decode_calls) < widest
     (tmp_path / "costs.json").write_text("not json")  # a damaged cache means measuring again, not failing
     assert run(Engine(FakeModel(eos_bias=-9), FakeModel(seed=1), cost_cache=cache))[1].stats.generated == 40
+
+
+def test_auto_drafts_long_by_lookup_once_the_output_repeats_and_stays_exact() -> None:
+    # The fake's greedy output falls into a 4-token loop after ~16 tokens. Lookup's proposals (checked against
+    # every committed token, drafted or not) then keep coming true, and auto drafts many tokens per verify.
+    target = FakeModel(eos_bias=-9, n_ctx=512)
+    engine = Engine(target, None, draft_len="auto", lookup=True)
+    chunks, done = run(engine, params=SamplingParams(temperature=0, max_tokens=300))
+    assert list(done.tokens) == plain_greedy(PROMPT, 300, target)
+    looped = [c.stats.draft_len for c in chunks[-20:] if c.stats.drafter == "lookup"]
+    assert len(looped) >= 15 and np.mean(looped) > 6
+    assert done.stats.rounds < 100  # 300 tokens

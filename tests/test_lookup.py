@@ -27,7 +27,7 @@ def brute_force(tokens: list[int], max_len: int, min_n: int, max_n: int) -> list
         suffix = tokens[end - n :]
         for e in range(end - 1, n - 1, -1):  # latest first; the suffix itself (e == end) is not earlier
             if tokens[e - n : e] == suffix:
-                return tokens[e : e + max_len]
+                return [tokens[e + i % (end - e)] for i in range(max_len)]  # past the end: around the loop
     return []
 
 
@@ -47,17 +47,17 @@ def test_satisfies_the_drafter_protocol():
     [
         # "1 2 3" occurred before, followed by 4 5 9
         ([1, 2, 3, 4, 5, 9, 1, 2, 3], 3, [4, 5, 9], 3),
-        ([1, 2, 3, 4, 5, 9, 1, 2, 3], 8, [4, 5, 9, 1, 2, 3], 3),
+        ([1, 2, 3, 4, 5, 9, 1, 2, 3], 8, [4, 5, 9, 1, 2, 3, 4, 5], 3),  # past the end: the text repeats
         # longest n wins over a more recent shorter match: "1 2 3" -> 50, though "2 3" was last followed by 60
         ([1, 2, 3, 50, 9, 2, 3, 60, 1, 2, 3], 1, [50], 3),
         # same n: the most recent occurrence wins
-        ([5, 6, 70, 5, 6, 80, 5, 6], 8, [80, 5, 6], 2),
-        # overlapping occurrences in a repeating "a b a b a": the latest "a b a" is followed by "b a"
-        ([7, 8, 7, 8, 7], 5, [8, 7], 3),
-        # the proposal stops at the end of the context even if more is asked for
-        ([1, 2, 3, 1, 2], 10, [3, 1, 2], 2),
+        ([5, 6, 70, 5, 6, 80, 5, 6], 8, [80, 5, 6, 80, 5, 6, 80, 5], 2),
+        # overlapping occurrences in a repeating "a b a b a": the latest "a b a" is followed by "b a", and so on
+        ([7, 8, 7, 8, 7], 5, [8, 7, 8, 7, 8], 3),
+        # a proposal that reaches the end of the context goes on around the loop it found
+        ([1, 2, 3, 1, 2], 10, [3, 1, 2, 3, 1, 2, 3, 1, 2, 3], 2),
         # a run of one token: "a a a" last followed by the final "a"
-        ([4, 4, 4, 4], 5, [4], 3),
+        ([4, 4, 4, 4], 5, [4, 4, 4, 4, 4], 3),
     ],
 )
 def test_proposals(context, max_len, expected, n):
@@ -79,7 +79,7 @@ def test_no_match_proposes_nothing(context):
 
 def test_min_n_one_matches_single_tokens():
     assert propose(fresh([1, 2, 1, 3], min_n=1), [1, 2, 1, 3]) == []
-    assert propose(fresh([1, 2, 3, 1], min_n=1), [1, 2, 3, 1]) == [2, 3, 1]
+    assert propose(fresh([1, 2, 3, 1], min_n=1), [1, 2, 3, 1], 4) == [2, 3, 1, 2]
 
 
 def test_max_len_zero_proposes_nothing():
@@ -114,13 +114,13 @@ def test_incremental_index_equals_brute_force(seed):
 def test_propose_catches_up_without_commit():
     drafter = fresh([1, 2, 3])
     context = [1, 2, 3, 4, 1, 2]
-    assert propose(drafter, context) == brute_force(context, 8, 2, 4) == [3, 4, 1, 2]
+    assert propose(drafter, context) == brute_force(context, 8, 2, 4) == [3, 4, 1, 2, 3, 4, 1, 2]
 
 
 def test_accepts_numpy_context():
     context = np.array([1, 2, 3, 4, 1, 2, 3], dtype=np.int32)
     drafter = fresh(context)
-    assert propose(drafter, context) == [4, 1, 2, 3]
+    assert propose(drafter, context, 4) == [4, 1, 2, 3]
     assert all(type(t) is int for t in propose(drafter, context))
 
 
@@ -150,6 +150,6 @@ def test_commit_that_shrinks_or_rewrites_the_last_token_is_reconciled():
     drafter = fresh([1, 2, 3, 4, 1, 2])
     drafter.commit([1, 2, 3, 4, 1, 9, 9, 1, 2])
     assert drafter._index == fresh([1, 2, 3, 4, 1, 9, 9, 1, 2])._index
-    assert propose(drafter, [1, 2, 3, 4, 1, 9, 9, 1, 2]) == [3, 4, 1, 9, 9, 1, 2]
+    assert propose(drafter, [1, 2, 3, 4, 1, 9, 9, 1, 2], 7) == [3, 4, 1, 9, 9, 1, 2]
     drafter.commit([1, 2, 3])
     assert drafter._index == fresh([1, 2, 3])._index

@@ -58,7 +58,8 @@ class LookupDrafter:
         params: SamplingParams | None = None,
         rng: np.random.Generator | None = None,
     ) -> Draft:
-        """Up to ``max_len`` tokens that followed the latest earlier occurrence of the longest suffix n-gram.
+        """``max_len`` tokens that followed the latest earlier occurrence of the longest suffix n-gram (periodic past
+        the end of the text).
 
         ``params`` and ``rng`` are unused: the proposal is deterministic; the verifier treats it as one-hot.
         """
@@ -73,7 +74,10 @@ class LookupDrafter:
             if hits:
                 self.last_ngram = n
                 e = hits[-1]  # most recent; e < end, so at least one token follows
-                return Draft(tokens[e : e + max_len], None)
+                # Where the copy reaches the end of the text, the text is repeating with period end - e: go on
+                # around the loop (a model stuck in a loop, a table's rows) instead of stopping there.
+                period = end - e
+                return Draft([tokens[e + i % period] for i in range(max_len)], None)
         return Draft.empty()
 
     def commit(self, context: Sequence[int]) -> None:
