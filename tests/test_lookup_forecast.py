@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -164,3 +167,31 @@ def test_lookup_ceiling_bounds_every_schedule():
     assert lookup_ceiling(prompt, output, lambda b: 0.02 * b, 16) == pytest.approx(len(output) * 0.02)
     # Where width is free, an exact copy needs one decode per 17 tokens (16 drafted + the target's own).
     assert lookup_ceiling([5, *source], source[:3] + source[3:], lambda b: 1.0, 16) <= len(source) / 17 + 4
+
+
+def test_replay_on_recorded_qwen_generations():
+    # Real text: Qwen2.5-Coder 1.5B's greedy answers to the bench's prompts, with the decode costs of the dev CPU.
+    # Replayed per task class with one controller each (as the bench does); no clock is involved.
+    data = json.loads((Path(__file__).parent / "data" / "qwen_traces.json").read_text())
+    steps = data["steps"]
+
+    def cost(b: int) -> float:
+        return steps[b - 1]
+
+    by_task: dict[str, list[dict]] = {}
+    for trace in data["traces"]:
+        by_task.setdefault(trace["task"], []).append(trace)
+    speedup, ceiling = {}, {}
+    for task, traces in by_task.items():
+        ctl = Controller(["lookup"], max_gamma=16)
+        ctl.record_costs({b: cost(b) for b in range(1, 18)}, {})
+        plain = sum(len(t["output"]) for t in traces)
+        speedup[task] = plain / sum(replay(ctl, t["prompt"], t["output"], cost).seconds for t in traces)
+        ceiling[task] = plain / sum(lookup_ceiling(t["prompt"], t["output"], cost, 16) for t in traces)
+    assert set(speedup) == {"code-edit", "code-gen", "creative", "math", "summarize", "translate"}
+    for task in speedup:
+        assert speedup[task] >= 0.99, (task, speedup[task])  # where nothing is copied, it stays plain
+        assert speedup[task] <= ceiling[task] + 1e-9
+    for task in ("code-edit", "summarize", "translate"):  # where answers copy: at least 40% of what is there
+        assert speedup[task] - 1 >= 0.4 * (ceiling[task] - 1), (task, speedup[task], ceiling[task])
+    assert speedup["code-edit"] > 1.15 and speedup["summarize"] > 1.15
