@@ -281,7 +281,7 @@ class Engine:
         the curve before it can choose γ well, and learning it from live rounds costs those rounds. The costs come
         from the cost cache when this setup was measured before, else from :meth:`_measure_costs`.
         """
-        key = f"{setup_key(self.target, self.draft_model)} max_gamma={max_gamma} widths=all"
+        key = f"{setup_key(self.target, self.draft_model)} max_gamma={max_gamma} widths=all,2"
         costs = self._cost_cache.get(key) if self._cost_cache is not None else None
         if costs is None:
             costs = self._measure_costs(ctx, max_gamma)
@@ -291,11 +291,13 @@ class Engine:
         self._calibrated = True
 
     def _measure_costs(self, ctx: list[int], max_gamma: int) -> Costs:
-        """One decode of every verify width at the current context position (so attention length is realistic),
-        rolled back; the first request's prefill time includes them (~2 s for a 1.5B model on a 2-core CPU)."""
+        """Two decodes of every verify width at the current context position (so attention length is realistic),
+        rolled back; the first request's prefill time includes them (~4 s for a 1.5B model on a 2-core CPU)."""
         # Every width, because the curve is not smooth: CPU kernels work in blocks, so a 16-token decode
-        # measured cheaper than a 15-token one (6.7 vs 8.5 single steps) and 8 about as cheap as 7. One sample
-        # each (the first use of a shape measured only ~2 % slower); the plain step, the yardstick, gets three.
+        # measured cheaper than a 15-token one (6.7 vs 8.5 single steps) and 8 about as cheap as 7. The faster
+        # of two samples, because one delayed sample would rule a width out for good (rounds only re-measure
+        # the widths they use; replays with noisy timings showed that as run-to-run swings of 10 % or more).
+        # The plain step, the yardstick, gets three.
         widths = range(1, max_gamma + 2)
         pending = ctx[-1]
         verify: dict[int, float] = {}
@@ -303,7 +305,7 @@ class Engine:
             if len(ctx) + b > self.target.n_ctx:
                 break
             samples = []
-            for _ in range(3 if b == 1 else 1):
+            for _ in range(3 if b == 1 else 2):
                 t0 = time.perf_counter()
                 self.target.decode([pending] * b, logits_at=range(b))
                 samples.append(time.perf_counter() - t0)

@@ -90,6 +90,17 @@ def test_verify_cost_fills_unseen_widths():
     assert optimistic.curve(2)[1:] == pytest.approx([0.1, 0.75 * 0.15])  # unseen widths look cheaper
 
 
+def test_verify_cost_shrugs_off_a_delayed_decode_but_follows_a_real_change():
+    cost = VerifyCost(decay=0.9, slope_prior=0.5, optimism=0.0)
+    for _ in range(20):
+        cost.add(1, 0.1)
+    cost.add(1, 1.0)  # something else had the CPU for 0.9 s
+    assert cost.measured(1) < 0.115
+    for _ in range(40):
+        cost.add(1, 0.2)  # the context grew: every decode is slower now
+    assert cost.measured(1) == pytest.approx(0.2, rel=0.02)
+
+
 # ----- the adaptive controller ------------------------------------------------------------------------------
 def test_starts_by_measuring_plain_then_the_draft_model():
     ctl = Controller(["model", "lookup"])
