@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from edgespec.chat_session import ChatSession, Command, parse_command
+from edgespec.chat_session import ChatSession, Command, parse_command, speedup
 from edgespec.engine import parse_draft_len
 from edgespec.errors import ContextOverflowError, EdgespecError, InvalidParameterError
 from edgespec.events import Chunk, Finished, Span, Stats
@@ -69,6 +69,16 @@ def _session(tmp_path, runtime=None, **params) -> ChatSession:
 def _saved(session: ChatSession) -> dict:
     return json.loads(session.store.path(session.conversation.id).read_text())
 
+
+
+def test_speedup_counts_the_rounds_not_the_time_a_consumer_held_the_stream():
+    # 50 tokens whose rounds took 1 s at a plain rate of 50 tok/s: no gain, no loss, although the consumer (a UI
+    # drawing each chunk) stretched the wall time to 1.25 s.
+    stats = Stats(generated=50, t_prefill=0.5, t_total=1.75, t_draft=0.01, t_verify=0.97, t_sample=0.02,
+                  plain_tokens_per_second=50.0)
+    assert speedup(stats) == pytest.approx(1.0)
+    assert stats.tokens_per_second == pytest.approx(40.0)
+    assert speedup(Stats(generated=5, t_verify=0.1)) is None  # plain rate not measured yet
 
 @pytest.mark.parametrize(
     ("line", "expected"),

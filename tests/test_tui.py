@@ -93,7 +93,8 @@ def test_reply_meter_and_highlighting(runtime, store):
             assert values["tokens/s"] == f"{stats.tokens_per_second:.1f}"
             assert values["draft"] == f"γ {stats.draft_len} · {stats.drafter}"
             if stats.plain_tokens_per_second > 0:
-                assert values["speedup"] == f"{stats.tokens_per_second / stats.plain_tokens_per_second:.2f}×"
+                busy = stats.t_draft + stats.t_verify + stats.t_sample
+                assert values["speedup"] == f"{stats.generated / busy / stats.plain_tokens_per_second:.2f}×"
             assert len(meter.per_round) == stats.rounds and sum(meter.per_round) == stats.accepted
             assert stats.decision and str(meter.query_one("#meter-why").render()) == f"why: {stats.decision}"
 
