@@ -631,18 +631,13 @@ def decode_costs(model: Model, widths: Sequence[int] = COST_WIDTHS, reps: int = 
     """Median seconds of one decode of k tokens (logits at all k, as a verify asks) after a 64-token context."""
     import statistics
 
-    context = [model.vocab.bos if model.vocab.bos >= 0 else 0] * 64
+    from edgespec.costs import time_decodes
+
+    token = model.vocab.bos if model.vocab.bos >= 0 else 0
     model.truncate(0)
-    model.decode(context)
-    out: dict[int, float] = {}
-    for k in widths:
-        samples = []
-        for _ in range(reps + 1):  # the first use of a batch shape builds a graph: not counted
-            t0 = time.perf_counter()
-            model.decode(context[:k], logits_at=range(k))
-            samples.append(time.perf_counter() - t0)
-            model.truncate(len(context))
-        out[k] = statistics.median(samples[1:])
+    model.decode([token] * 64)
+    # The first use of a batch shape builds a graph: not counted.
+    out = {k: statistics.median(time_decodes(model, token, k, reps + 1)[1:]) for k in widths}
     model.truncate(0)
     return out
 

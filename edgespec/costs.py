@@ -12,6 +12,7 @@ import json
 import os
 import platform
 import tempfile
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,19 @@ class Costs:
     verify: dict[int, float]  # seconds of one target decode of b tokens
     draft: dict[str, float]  # seconds per drafted token, per drafter
     catchup: dict[str, float]  # seconds per caught-up token, per drafter
+
+
+def time_decodes(model: Any, token: int, width: int, repeat: int, *, logits: bool = True) -> list[float]:
+    """Seconds of each of ``repeat`` decodes of ``width`` copies of ``token`` at the model's current KV position,
+    each rolled back. With ``logits``, logits at every row (what a verify asks); without, none (a catch-up)."""
+    keep = len(model.kv_tokens)
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        model.decode([token] * width, range(width) if logits else ())
+        times.append(time.perf_counter() - t0)
+        model.truncate(keep)
+    return times
 
 
 def setup_key(*models: Any) -> str:

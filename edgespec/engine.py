@@ -16,7 +16,7 @@ import numpy as np
 
 from edgespec.backend import Model
 from edgespec.controller import Controller, FixedController, Plan, RoundController
-from edgespec.costs import CostCache, Costs, setup_key
+from edgespec.costs import CostCache, Costs, setup_key, time_decodes
 from edgespec.drafters.base import Draft, Drafter
 from edgespec.drafters.lookup import LookupDrafter
 from edgespec.drafters.model import ModelDrafter
@@ -298,37 +298,16 @@ class Engine:
         # of two samples, because one delayed sample would rule a width out for good (rounds only re-measure
         # the widths they use; replays with noisy timings showed that as run-to-run swings of 10 % or more).
         # The plain step, the yardstick, gets three.
-        widths = range(1, max_gamma + 2)
         pending = ctx[-1]
-        verify: dict[int, float] = {}
-        for b in widths:
-            if len(ctx) + b > self.target.n_ctx:
-                break
-            samples = []
-            for _ in range(3 if b == 1 else 2):
-                t0 = time.perf_counter()
-                self.target.decode([pending] * b, logits_at=range(b))
-                samples.append(time.perf_counter() - t0)
-                self.target.truncate(len(ctx) - 1)
-            verify[b] = min(samples)
+        fits = range(1, min(max_gamma + 1, self.target.n_ctx - len(ctx)) + 1)
+        verify = {b: min(time_decodes(self.target, pending, b, 3 if b == 1 else 2)) for b in fits}
         draft: dict[str, float] = {}
         catchup: dict[str, float] = {}
         if self.draft_model is not None and len(ctx) + 32 <= self.draft_model.n_ctx:
-            model, keep = self.draft_model, len(self.draft_model.kv_tokens)
-            samples = []
-            for _ in range(3):
-                t0 = time.perf_counter()
-                model.decode([pending], [0])
-                samples.append(time.perf_counter() - t0)
-                model.truncate(keep)
-            draft["model"] = min(samples)
-            # What bringing the draft model back after it sat out costs per missed token: a batched decode.
-            for _ in range(2):
-                t0 = time.perf_counter()
-                model.decode([pending] * 32)
-                per_token = (time.perf_counter() - t0) / 32
-                model.truncate(keep)
-            catchup["model"] = per_token
+            draft["model"] = min(time_decodes(self.draft_model, pending, 1, 3))
+            # What bringing the draft model back after it sat out costs per missed token: a batched decode (the
+            # second of two: the first builds the graph for that shape).
+            catchup["model"] = time_decodes(self.draft_model, pending, 32, 2, logits=False)[-1] / 32
         return Costs(verify, draft, catchup)
 
     def _roll_back(self, ctx: Sequence[int]) -> None:
