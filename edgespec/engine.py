@@ -163,12 +163,13 @@ class Engine:
                 t0 = clock()
                 plan, draft = self._draft(controller, ctx, min(room - 1, max_gamma), params, rng)
                 t1 = clock()
-                # 2. Verify: one target decode of [x_{n-1}, d_1..d_γ], logits at all γ+1 positions.
+                # 2. Verify: one target decode of [x_{n-1}, d_1..d_γ], scored at all γ+1 positions: the logits rows
+                #    [γ+1, n_vocab] when sampling, only each row's argmax [γ+1] when greedy.
                 batch = [ctx[-1], *draft.tokens]
-                logits = target.decode(batch, logits_at=range(len(batch)))  # [γ+1, n_vocab]
+                scores = target.decode(batch, logits_at=range(len(batch)), argmax=params.greedy)
                 t2 = clock()
                 # 3. Accept.
-                k, token = self._accept(draft, logits, params, rng)
+                k, token = self._accept(draft, scores, params, rng)
                 new = [*draft.tokens[:k], token]
                 from_draft = [True] * k + [False]
                 eog_at = next((i for i, t in enumerate(new) if target.is_eog(t)), None)
@@ -268,10 +269,10 @@ class Engine:
         return spans, emitted, None, None
 
     @staticmethod
-    def _accept(draft: Draft, logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> Verdict:
+    def _accept(draft: Draft, scores: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> Verdict:
         if params.greedy:
-            return verify_greedy(draft.tokens, logits.argmax(axis=1))
-        p = [warp(row, params) for row in logits]
+            return verify_greedy(draft.tokens, scores)  # the target's argmax per position
+        p = [warp(row, params) for row in scores]
         return verify_stochastic(draft.tokens, draft.q, p, rng)
 
     def _calibrate(self, ctx: list[int], controller: RoundController, max_gamma: int) -> None:

@@ -55,14 +55,15 @@ class FakeModel:
         x[EOS] += self.eos_bias
         return x.astype(np.float32)
 
-    def decode(self, tokens: Sequence[int], logits_at: Sequence[int] = ()) -> np.ndarray:
+    def decode(self, tokens: Sequence[int], logits_at: Sequence[int] = (), *, argmax: bool = False) -> np.ndarray:
         if len(self.kv_tokens) + len(tokens) > self.n_ctx:
             raise AssertionError("fake context overflow")
         start = list(self.kv_tokens)
         rows = [self.logits_after(start + list(tokens[: i + 1])) for i in logits_at]
         self.kv_tokens.extend(tokens)
         self.decode_calls.append((len(tokens), len(rows)))
-        return np.array(rows, dtype=np.float32).reshape(len(rows), self.n_vocab)
+        out = np.array(rows, dtype=np.float32).reshape(len(rows), self.n_vocab)
+        return out.argmax(axis=1) if argmax else out
 
     def truncate(self, n_keep: int) -> None:
         del self.kv_tokens[n_keep:]

@@ -28,6 +28,15 @@ def test_requested_rows_come_back_in_the_requested_order(tiny: Model) -> None:
     assert tiny.kv_tokens == tokens
 
 
+def test_argmax_rows_are_the_argmax_of_the_logits_rows(tiny: Model) -> None:
+    tokens = tiny.tokenize("The quick brown fox jumps over the lazy dog and runs")
+    tiny.truncate(0)
+    every = tiny.decode(tokens, range(len(tokens)))  # spans two n_batch=8 chunks
+    tiny.truncate(0)
+    top = tiny.decode(tokens, [9, 2, 5, 10], argmax=True)
+    assert top.shape == (4,) and list(top) == list(every[[9, 2, 5, 10]].argmax(axis=1))
+
+
 def test_out_of_range_rows_are_refused(tiny: Model) -> None:
     tiny.truncate(0)
     with pytest.raises(ValueError):

@@ -39,19 +39,24 @@ class ModelDrafter:
         # Everything committed that the KV lacks: [x_{n-1}] usually, [d_γ, t] after a fully accepted round, more
         # after rounds this drafter sat out. One decode catches up and yields q_1.
         pending = context[len(model.kv_tokens) :]
-        logits = model.decode(pending, [len(pending) - 1])[0]
+        # A greedy draft without a confidence cutoff needs only each step's argmax, not its logits row.
+        only_top = params.greedy and self.p_min <= 0
+        step = model.decode(pending, [len(pending) - 1], argmax=only_top)[0]
         tokens: list[int] = []
         qs: list[Dist] = []
         while True:
-            q = warp(logits, params)
-            if self.p_min > 0 and _confidence(logits, q, params) < self.p_min:
-                break
-            d = q.top if params.greedy else sample(q, rng)
+            if only_top:
+                d = int(step)
+            else:
+                q = warp(step, params)
+                if self.p_min > 0 and _confidence(step, q, params) < self.p_min:
+                    break
+                d = q.top if params.greedy else sample(q, rng)
+                qs.append(q)
             tokens.append(d)
-            qs.append(q)
             if len(tokens) == max_len:
                 break
-            logits = model.decode([d], [0])[0]
+            step = model.decode([d], [0], argmax=only_top)[0]
         return Draft(tokens, None if params.greedy else qs)
 
     def commit(self, context: Sequence[int]) -> None:
