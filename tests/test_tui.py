@@ -59,6 +59,14 @@ async def send(app: ChatApp, pilot, text: str) -> None:
     await pilot.pause()
 
 
+async def start_held_reply(app: ChatApp, pilot, text: str, first_chunk: threading.Event) -> None:
+    """Send ``text`` and wait until the (held) engine has produced its first chunk: the reply is under way."""
+    await wait_until(pilot, lambda: app.session is not None)
+    app.prompt_input.value = text
+    await pilot.press("enter")
+    await wait_until(pilot, first_chunk.is_set)
+
+
 def replies(app: ChatApp) -> list[AssistantMessage]:
     return list(app.query(AssistantMessage))
 
@@ -140,10 +148,7 @@ def test_stop_mid_reply_then_send_again(runtime, store, held):
     async def scenario() -> None:
         app = ChatApp(runtime, SamplingParams(temperature=0, max_tokens=200), store)
         async with app.run_test(size=SIZE) as pilot:
-            await wait_until(pilot, lambda: app.session is not None)
-            app.prompt_input.value = "Count from one to one hundred in words."
-            await pilot.press("enter")
-            await wait_until(pilot, first_chunk.is_set)
+            await start_held_reply(app, pilot, "Count from one to one hundred in words.", first_chunk)
             await pilot.press("escape")
             release.set()
             await wait_until(pilot, lambda: not app.generating)
@@ -170,10 +175,7 @@ def test_quitting_mid_reply_saves_the_partial_reply(runtime, store, held):
     async def scenario() -> tuple[ChatApp, str]:
         app = ChatApp(runtime, SamplingParams(temperature=0, max_tokens=200), store)
         async with app.run_test(size=SIZE) as pilot:
-            await wait_until(pilot, lambda: app.session is not None)
-            app.prompt_input.value = "Tell me a long story."
-            await pilot.press("enter")
-            await wait_until(pilot, first_chunk.is_set)
+            await start_held_reply(app, pilot, "Tell me a long story.", first_chunk)
             await pilot.pause()
             shown = "".join(text for text, _ in replies(app)[0].pieces)
             threading.Timer(0.2, release.set).start()  # quitting waits for the engine to finish its round
