@@ -223,7 +223,9 @@ class VerifyCost:
 # ----- the controllers --------------------------------------------------------------------------------------
 @dataclass
 class _DrafterState:
-    acceptance: Acceptance  # per-position α (not used for lookup, which has its LookupForecast)
+    """What the controller tracks of a drafter other than lookup (which has its LookupForecast)."""
+
+    acceptance: Acceptance  # per-position α
     cost: DecayedRatio  # seconds per drafted token
     catchup: DecayedRatio  # extra seconds per token committed while the drafter sat out
     gap: int = 0  # tokens committed since the drafter last ran
@@ -294,6 +296,7 @@ class Controller:
                 DecayedRatio(cost_decay),
             )
             for d in self.drafters
+            if d != LOOKUP
         }
         self._lookup = LookupForecast(max_gamma) if LOOKUP in self.drafters else None
         self._probing: str | None = None  # the drafter of an unresolved probe
@@ -398,14 +401,14 @@ class Controller:
         if st is not None:
             if used == self._probing:
                 self._probe_accepted = 0 < n_drafted == n_accepted
-            if n_drafted and used != LOOKUP:
+            if n_drafted:
                 st.acceptance.update(n_drafted, n_accepted)
             self._record_draft_cost(st, n_drafted, t_draft)
             st.gap = 0
             st.credit = 0.0
         spent = t_draft + t_verify
         for d, other in self._state.items():
-            if d != used and d != LOOKUP:  # lookup is checked every round: it never sits out
+            if d != used:
                 other.acceptance.forget(self.idle_decay)
                 other.gap += n_accepted + 1
                 other.credit += self.explore / 2**other.backoff * spent
@@ -432,23 +435,23 @@ class Controller:
         cost = self._draft_cost(drafter) if cost is None else cost
         if cost is None or not gammas:
             return None
-        st = self._state[drafter]
-        if drafter == LOOKUP:
+        switch = 0.0
+        if drafter == LOOKUP:  # checked every round, so it never sits out and has nothing to catch up
             assert self._lookup is not None
             # E[tokens] = the target's own token + each drafted token's chance to be reached and accepted.
-            survival = self._lookup.survival(gammas[-1])
-            tokens_by_gamma = 1.0 + np.concatenate(([0.0], np.cumsum(survival)))
-        elif alpha is None:
-            alpha = st.acceptance.alpha
-        switch = 0.0
-        if st.gap > 2:
-            # Back after sitting out: the catch-up beyond the allowance (see the module doc) is charged to
-            # this round, so a drafter dear to bring back is not switched to on a marginal estimate.
-            excess = max((st.catchup.value or 0.0) - self.catchup_allowance * curve[1], 0.0)
-            switch = st.gap * excess
+            expected = 1.0 + np.concatenate(([0.0], np.cumsum(self._lookup.survival(gammas[-1]))))
+        else:
+            st = self._state[drafter]
+            a = st.acceptance.alpha if alpha is None else alpha
+            expected = np.array([expected_tokens(a, g) for g in range(gammas[-1] + 1)])
+            if st.gap > 2:
+                # Back after sitting out: the catch-up beyond the allowance (see the module doc) is charged to
+                # this round, so a drafter dear to bring back is not switched to on a marginal estimate.
+                excess = max((st.catchup.value or 0.0) - self.catchup_allowance * curve[1], 0.0)
+                switch = st.gap * excess
         best = None
         for gamma in gammas:
-            tokens = float(tokens_by_gamma[gamma]) if drafter == LOOKUP else expected_tokens(alpha, gamma)
+            tokens = float(expected[gamma])
             seconds = curve[gamma + 1] + gamma * cost + switch
             if best is None or tokens / seconds > best[0]:
                 best = (tokens / seconds, gamma, tokens, seconds)
@@ -460,9 +463,9 @@ class Controller:
         """The idle drafter whose credit covers a short draft's expected loss with the most to spare."""
         chosen, spare = None, -math.inf
         for d, cap in caps.items():
-            st = self._state[d]
             if d == best.drafter or d == LOOKUP or cap == 0:  # lookup is checked every round for free
                 continue
+            st = self._state[d]
             # A drafter never measured costs, for this purpose, a target step per token: its first probe is
             # immediate (infinite credit), a retry (it drafted nothing) waits for credit like any probe.
             cost = self._draft_cost(d)

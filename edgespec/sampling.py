@@ -147,7 +147,7 @@ def densify(dist: Dist, n_vocab: int) -> np.ndarray:
 
 
 def from_probs(probs: Sequence[float]) -> Dist:
-    """A :class:`Dist` from a dense probability vector (zeros dropped). Used by tests and the lookup drafter."""
+    """A :class:`Dist` from a dense probability vector (zeros dropped), for tests and diagnostics."""
     p = np.asarray(probs, dtype=np.float64)
     ids = np.flatnonzero(p > 0)
     order = np.argsort(-p[ids], kind="stable")

@@ -38,7 +38,7 @@ class LookupDrafter:
             raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         self.min_n = min_n
         self.max_n = max_n
-        self.last_ngram = 0  # n of the match behind the last proposal (0: none), for stats and tests
+        self.last_ngram = 0  # n of the match behind the last proposal (0: none), for diagnostics and tests
         self._tokens: list[int] = []  # what the index covers
         # _index[n - min_n][ngram] = ascending ends e with tokens[e-n:e] == ngram and e < len(tokens)
         self._index: list[dict[NGram, list[int]]] = [{} for _ in range(min_n, max_n + 1)]
