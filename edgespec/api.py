@@ -15,12 +15,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgespec.backend import Model, gpu_offload_supported
-from edgespec.chat_template import render
-from edgespec.costs import CostCache
+from edgespec.drafters.costs import CostCache
 from edgespec.engine import Engine
 from edgespec.errors import EdgespecError
 from edgespec.events import Chunk, Event, Finished
+from edgespec.models.backend import Model, gpu_offload_supported
+from edgespec.models.chat_template import render
 from edgespec.sampling import SamplingParams
 
 __all__ = ["Chunk", "Event", "Finished", "ModelInfo", "Runtime", "SamplingParams", "load"]
@@ -184,8 +184,8 @@ def load(
     are checked and the two vocabularies compared *before* any weights load, so a bad pair fails in milliseconds.
     ``n_gpu_layers_draft`` defaults to ``n_gpu_layers``. ``progress(stage, fraction)`` reports loading.
     """
-    from edgespec.gguf_meta import check_vocab_compatible, preflight
-    from edgespec.registry import cache_dir, resolve_model
+    from edgespec.models.gguf import check_vocab_compatible, preflight
+    from edgespec.models.registry import cache_dir, resolve_model
 
     target_path = resolve_model(str(target), progress=show_fetch_progress)
     draft_path = resolve_model(str(draft), progress=show_fetch_progress) if draft is not None else None

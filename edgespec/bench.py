@@ -36,9 +36,6 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import click
-
-from edgespec.cli_common import load_runtime, model_options, user_errors
 from edgespec.errors import EdgespecError
 
 if sys.version_info >= (3, 11):
@@ -47,8 +44,8 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 if TYPE_CHECKING:
-    from edgespec.backend import Model
     from edgespec.engine import Engine
+    from edgespec.models.backend import Model
     from edgespec.sampling import SamplingParams
 
 PLAIN = "plain"
@@ -355,7 +352,7 @@ def run_bench(
 
     ``ceiling`` (greedy only): also compute, on each plain output, the speedup of the best possible lookup
     schedule under this machine's decode costs (measured once here): what no lookup controller can beat."""
-    from edgespec.controller_sim import lookup_ceiling
+    from edgespec.drafters.controller_sim import lookup_ceiling
     from edgespec.engine import DEFAULT_MAX_GAMMA
 
     strategies = parse_strategies(strategies, has_draft=draft is not None)
@@ -623,7 +620,7 @@ def render_report(result: BenchResult) -> str:
     return "\n\n".join(parts) + "\n\n" + "\n".join(notes)
 
 
-# ----- the command ------------------------------------------------------------------------------------------
+# ----- decode costs -----------------------------------------------------------------------------------------
 COST_WIDTHS = (1, 2, 3, 4, 5, 6, 8, 16)
 
 
@@ -631,7 +628,7 @@ def decode_costs(model: Model, widths: Sequence[int] = COST_WIDTHS, reps: int = 
     """Median seconds of one decode of k tokens (logits at all k, as a verify asks) after a 64-token context."""
     import statistics
 
-    from edgespec.costs import time_decodes
+    from edgespec.drafters.costs import time_decodes
 
     token = model.vocab.bos if model.vocab.bos >= 0 else 0
     model.truncate(0)
@@ -649,107 +646,3 @@ def render_costs(table: dict[str, dict[int, float]]) -> str:
         for name, costs in table.items()
     ]
     return format_table(headers, rows) + "\none decode of k tokens: milliseconds (and multiple of a single token)"
-
-
-def _split(value: str | None) -> list[str]:
-    return [v.strip() for v in value.split(",") if v.strip()] if value else []
-
-
-@click.command("bench")
-@model_options
-@click.option(
-    "--tasks",
-    help="Comma-separated task classes (default: all): code-edit, code-gen, creative, math, summarize, translate.",
-)
-@click.option("--max-tokens", "-n", default=128, show_default=True, help="Tokens per prompt at most.")
-@click.option(
-    "--prompts-per-task", type=click.IntRange(min=1), default=None, help="Use the first N prompts of each task class."
-)
-@click.option(
-    "--strategies",
-    default=",".join(ENGINE_STRATEGIES),
-    show_default=True,
-    help="Comma-separated: plain, draft-N, lookup, auto (plain always runs: it is the reference).",
-)
-@click.option(
-    "--peers/--no-peers",
-    default=True,
-    show_default=True,
-    help="Also run llama-cpp-python's Llama, plain and with LlamaPromptLookupDecoding.",
-)
-@click.option(
-    "--lookup-len",
-    type=click.IntRange(1, 64),
-    default=DEFAULT_LOOKUP_LEN,
-    show_default=True,
-    help="γ of the fixed 'lookup' strategy and of the peer's prompt lookup.",
-)
-@click.option("--temperature", "--temp", default=0.0, show_default=True, help="0 = greedy.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed for --temperature > 0.")
-@click.option(
-    "--workloads",
-    type=click.Path(exists=True, path_type=Path),
-    default=None,
-    help="A workload .toml (or a folder of them) instead of the shipped suite.",
-)
-@click.option(
-    "--costs",
-    is_flag=True,
-    help="Only measure what one decode of k tokens costs for the target and the draft (the numbers behind "
-    "every speculation decision on this machine), and print that table.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print all measurements and summaries as JSON.")
-def bench(
-    tasks: str | None,
-    max_tokens: int,
-    prompts_per_task: int | None,
-    strategies: str,
-    peers: bool,
-    lookup_len: int,
-    temperature: float,
-    seed: int,
-    workloads: Path | None,
-    costs: bool,
-    as_json: bool,
-    **opts: Any,
-) -> None:
-    """Measure decoding strategies side by side on a workload suite.
-
-    Every prompt runs under each strategy back to back on the same loaded models, so speedups are ratios
-    taken under the same conditions. --draft-len and --lookup are ignored here: --strategies picks.
-    Greedy runs add each class's lookup ceiling: the speedup of the best possible prompt-lookup schedule on
-    plain's output at this machine's decode costs. Tables go to stdout, the progress bar to stderr.
-    """
-    import json
-
-    from tqdm import tqdm
-
-    from edgespec.sampling import SamplingParams
-
-    with user_errors():
-        suite = load_tasks(_split(tasks), prompts_per_task=prompts_per_task, source=workloads)
-        params = SamplingParams(temperature=temperature, seed=seed, max_tokens=max_tokens)
-        names = _split(strategies) + (list(PEER_STRATEGIES) if peers else [])
-        parse_strategies(names, has_draft=True)  # a typo fails before the models load
-        with load_runtime(opts, quiet=as_json) as runtime:
-            target, draft = runtime.engine.target, runtime.engine.draft_model
-            if costs:
-                table = {m.name: decode_costs(m) for m in (target, draft) if m is not None}
-                click.echo(json.dumps(table, indent=1) if as_json else render_costs(table))
-                return
-            if draft is None and any(_DRAFT_N.fullmatch(n) for n in names):
-                click.echo("note: no draft model, so the draft-N strategies are skipped", err=True)
-            runs = sum(len(t.prompts) for t in suite) * len(parse_strategies(names, has_draft=draft is not None))
-            with tqdm(total=runs, desc="bench", unit="run", file=sys.stderr, disable=None, leave=False) as bar:
-
-                def on_run(record: RunRecord, done: int, total: int) -> None:
-                    bar.set_postfix_str(f"{record.task}/{record.prompt} {record.strategy}", refresh=False)
-                    bar.update(1)
-
-                result = run_bench(
-                    target, draft, suite, names, params, lookup_len=lookup_len, p_min=opts["p_min"], on_run=on_run
-                )
-    if as_json:
-        click.echo(json.dumps(result.to_json(), indent=1))
-    else:
-        click.echo(render_report(result))

@@ -14,14 +14,14 @@ from dataclasses import replace
 
 import numpy as np
 
-from edgespec.backend import Model
-from edgespec.controller import Controller, FixedController, Plan, RoundController
-from edgespec.costs import CostCache, Costs, setup_key, time_decodes
 from edgespec.drafters.base import Draft, Drafter
+from edgespec.drafters.controller import Controller, FixedController, Plan, RoundController
+from edgespec.drafters.costs import CostCache, Costs, setup_key, time_decodes
 from edgespec.drafters.lookup import LookupDrafter
 from edgespec.drafters.model import ModelDrafter
 from edgespec.errors import ContextOverflowError, EdgespecError, InvalidParameterError
 from edgespec.events import Chunk, Event, Finished, FinishReason, Span, Stats
+from edgespec.models.backend import Model
 from edgespec.sampling import SamplingParams, warp
 from edgespec.text import TextStream
 from edgespec.verify import Verdict, verify_greedy, verify_stochastic

@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # for stat_tools
 
 
 def _model(name: str) -> Path:
-    from edgespec.registry import resolve_model
+    from edgespec.models.registry import resolve_model
 
     return resolve_model(name, progress=False)
 
@@ -37,7 +37,7 @@ def qwen_draft_path() -> Path:
 @pytest.fixture(scope="session")
 def qwen_pair(qwen_target_path: Path, qwen_draft_path: Path):
     """The loaded Qwen pair, shared by the tests that need it (loading costs seconds)."""
-    from edgespec.backend import Model
+    from edgespec.models.backend import Model
 
     target = Model(qwen_target_path, n_ctx=1024)
     draft = Model(qwen_draft_path, n_ctx=1024)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from edgespec import fetch
+from edgespec.models import fetch
 
 FAKE_NAME = "fake-model"
 FAKE_FILE = "fake-model.gguf"

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edgespec.backend import Model
+from edgespec.models.backend import Model
 
 EOS = 0
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgespec.backend import Model
 from edgespec.errors import ContextOverflowError, ModelError
+from edgespec.models.backend import Model
 
 pytestmark = pytest.mark.real
 

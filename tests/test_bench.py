@@ -46,7 +46,7 @@ def test_shipped_suite_has_every_class_with_three_prompts() -> None:
 
 @pytest.mark.real
 def test_suite_renders_in_the_models_chat_format(tiny_model_path: Path) -> None:
-    from edgespec.backend import Model
+    from edgespec.models.backend import Model
 
     with Model(tiny_model_path, n_ctx=256) as model:
         for task in load_tasks():
@@ -163,7 +163,7 @@ def check_counts(run: dict, max_tokens: int) -> None:
 def test_run_bench_on_the_tiny_model_with_every_strategy(tiny_model_path: Path) -> None:
     from dataclasses import asdict
 
-    from edgespec.backend import Model
+    from edgespec.models.backend import Model
 
     tasks = load_tasks(["code-edit"], prompts_per_task=1)
     params = SamplingParams(temperature=0, max_tokens=8)
@@ -256,7 +256,8 @@ def test_costs_table_through_the_cli(tiny_model_path) -> None:
 
     from click.testing import CliRunner
 
-    from edgespec.bench import COST_WIDTHS, bench
+    from edgespec.bench import COST_WIDTHS
+    from edgespec.cli.bench import bench
 
     path = str(tiny_model_path)
     result = CliRunner().invoke(bench, ["--costs", "--json", "-m", path, "-d", "none"], catch_exceptions=False)

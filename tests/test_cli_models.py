@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 from fake_packs import FAKE_FILE, FAKE_NAME, FakePack, install_fake_pack, sandbox
-from test_gguf_meta import key_offset, patched, write_gguf
+from test_gguf import key_offset, patched, write_gguf
 
-from edgespec.cli_models import models
-from edgespec.registry import model_dir
+from edgespec.cli.models import models
+from edgespec.models.registry import model_dir
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from edgespec.controller import (
+from edgespec.drafters.controller import (
     Acceptance,
     Controller,
     FixedController,
@@ -15,7 +15,7 @@ from edgespec.controller import (
     VerifyCost,
     expected_tokens,
 )
-from edgespec.controller_sim import (
+from edgespec.drafters.controller_sim import (
     CPU_PROFILE,
     GPU_PROFILE,
     CostProfile,

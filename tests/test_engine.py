@@ -189,7 +189,7 @@ def test_one_request_at_a_time() -> None:
 
 
 def test_measured_costs_are_cached_for_the_next_engine(tmp_path) -> None:
-    from edgespec.costs import CostCache
+    from edgespec.drafters.costs import CostCache
 
     cache = CostCache(tmp_path / "costs.json")
     first_target = FakeModel(eos_bias=-9)

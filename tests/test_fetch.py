@@ -25,10 +25,10 @@ from fake_packs import (
     sandbox,
 )
 
-from edgespec import fetch
 from edgespec.errors import ModelNotFoundError
-from edgespec.gguf_meta import preflight
-from edgespec.registry import load_registry, model_dir, resolve_model
+from edgespec.models import fetch
+from edgespec.models.gguf import preflight
+from edgespec.models.registry import load_registry, model_dir, resolve_model
 
 
 @pytest.fixture
@@ -194,7 +194,7 @@ def test_leftovers_of_a_killed_pull_never_count_and_are_swept(fake: FakePack) ->
 
 
 def test_two_concurrent_pulls_make_one_good_file(fake: FakePack, env: Path) -> None:
-    code = "from edgespec.registry import resolve_model; print(resolve_model('fake-model', progress=False))"
+    code = "from edgespec.models.registry import resolve_model; print(resolve_model('fake-model', progress=False))"
     procs = [
         subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for _ in range(2)

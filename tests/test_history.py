@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from edgespec.chat.history import ChatStore, Conversation, Message, data_dir, merge_spans
 from edgespec.errors import EdgespecError
-from edgespec.history import ChatStore, Conversation, Message, data_dir, merge_spans
 
 
 def _chat(first: str, reply: str = "ok") -> Conversation:

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgespec.controller import Controller, FixedController
-from edgespec.controller_sim import lookup_ceiling, replay
-from edgespec.lookup_forecast import LookupForecast, run_bucket
+from edgespec.drafters.controller import Controller, FixedController
+from edgespec.drafters.controller_sim import lookup_ceiling, replay
+from edgespec.drafters.lookup_forecast import LookupForecast, run_bucket
 
 # Decode cost of b tokens in single steps on the 2-core dev CPU (`edgespec bench --costs`, b = 1..17): not
 # smooth, a 16-token decode is cheaper than a 15-token one.

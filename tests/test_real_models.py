@@ -10,10 +10,10 @@ import pytest
 from stat_tools import fits
 
 from edgespec.api import Runtime, load
-from edgespec.backend import Model
 from edgespec.engine import Engine
 from edgespec.errors import ContextOverflowError, ModelError, VocabMismatchError
 from edgespec.events import Finished
+from edgespec.models.backend import Model
 from edgespec.sampling import SamplingParams, warp
 
 pytestmark = pytest.mark.real

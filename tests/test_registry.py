@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from edgespec.errors import ModelNotFoundError, RegistryError
-from edgespec.registry import (
+from edgespec.models.registry import (
     cache_dir,
     load_registry,
     resolve_model,

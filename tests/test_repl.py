@@ -10,12 +10,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from edgespec.chat_session import ChatSession, Command, parse_command, speedup
+from edgespec.chat.history import ChatStore
+from edgespec.chat.repl import Repl
+from edgespec.chat.session import ChatSession, Command, parse_command, speedup
 from edgespec.engine import parse_draft_len
 from edgespec.errors import ContextOverflowError, EdgespecError, InvalidParameterError
 from edgespec.events import Chunk, Finished, Span, Stats
-from edgespec.history import ChatStore
-from edgespec.repl import Repl
 from edgespec.sampling import SamplingParams
 
 
@@ -232,7 +232,7 @@ def test_repl_highlights_draft_tokens_with_ansi_when_asked(tmp_path):
 def test_cli_no_tui_chat_list_and_resume(tiny_model_path, tmp_path, monkeypatch):
     from click.testing import CliRunner
 
-    from edgespec.cli_chat import chat
+    from edgespec.cli.chat import chat
 
     monkeypatch.setenv("EDGESPEC_DATA", str(tmp_path))
     model = str(tiny_model_path)
@@ -276,7 +276,7 @@ def test_cli_no_tui_chat_list_and_resume(tiny_model_path, tmp_path, monkeypatch)
 def test_cli_reports_errors_in_one_line(tmp_path, monkeypatch):
     from click.testing import CliRunner
 
-    from edgespec.cli_chat import chat
+    from edgespec.cli.chat import chat
 
     monkeypatch.setenv("EDGESPEC_DATA", str(tmp_path))
     missing = CliRunner().invoke(chat, ["--target", str(tmp_path / "missing.gguf"), "--no-tui"], input="")

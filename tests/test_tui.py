@@ -14,9 +14,9 @@ from collections.abc import Callable
 import pytest
 from textual.widgets import Markdown
 
+from edgespec.chat.history import ChatStore
 from edgespec.errors import ModelNotFoundError
 from edgespec.events import Chunk
-from edgespec.history import ChatStore
 from edgespec.sampling import SamplingParams
 from tui.app import ChatApp
 from tui.screens import HelpScreen, LoadingPanel

@@ -19,10 +19,10 @@ from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.widgets import Footer, Input
 
-from edgespec.chat_session import ChatSession, Command, describe_draft_len, help_lines, parse_command
+from edgespec.chat.history import ChatStore, Conversation
+from edgespec.chat.session import ChatSession, Command, describe_draft_len, help_lines, parse_command
 from edgespec.errors import EdgespecError
 from edgespec.events import Chunk, Finished
-from edgespec.history import ChatStore, Conversation
 from edgespec.sampling import SamplingParams
 from tui.screens import HelpScreen, LoadingPanel
 from tui.widgets import AssistantMessage, ChatLog, Meter, Notice, StatusLine, UserMessage

@@ -9,7 +9,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import ProgressBar, Static
 
-from edgespec.chat_session import COMMANDS
+from edgespec.chat.session import COMMANDS
 
 # (key as shown, what it does): also the source of the bindings' descriptions in the app
 KEYS: list[tuple[str, str]] = [

@@ -12,9 +12,9 @@ from textual.containers import Vertical, VerticalScroll
 from textual.widget import Widget
 from textual.widgets import Markdown, Sparkline, Static
 
-from edgespec.chat_session import ChatSession, describe_draft_len, speedup, stats_summary
+from edgespec.chat.history import Message, merge_spans
+from edgespec.chat.session import ChatSession, describe_draft_len, speedup, stats_summary
 from edgespec.events import Finished, Stats
-from edgespec.history import Message, merge_spans
 
 if TYPE_CHECKING:
     from edgespec.api import ModelInfo

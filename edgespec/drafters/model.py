@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edgespec.backend import Model
 from edgespec.drafters.base import Draft
+from edgespec.models.backend import Model
 from edgespec.sampling import Dist, SamplingParams, sample, warp
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgespec.controller import LOOKUP, FixedController, Plan, RoundController, expected_tokens
+from edgespec.drafters.controller import LOOKUP, FixedController, Plan, RoundController, expected_tokens
 from edgespec.drafters.lookup import LookupDrafter
 
 

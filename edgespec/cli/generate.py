@@ -1,17 +1,14 @@
-"""The `edgespec` command line. Every subcommand is a thin client of :mod:`edgespec.api`."""
+"""`edgespec generate`: one prompt in, the continuation streamed out."""
 
 from __future__ import annotations
 
 import json
-import logging
 import sys
 from typing import Any
 
 import click
 
-from edgespec.bench import bench
-from edgespec.cli_chat import chat
-from edgespec.cli_common import (
+from edgespec.cli.common import (
     describe_stats,
     load_runtime,
     model_options,
@@ -19,29 +16,9 @@ from edgespec.cli_common import (
     sampling_params,
     user_errors,
 )
-from edgespec.cli_models import models
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "EDGESPEC"})
-@click.option("--verbose", "-v", is_flag=True, help="Log what edgespec (and llama.cpp's errors) says.")
-@click.version_option(package_name="edgespec")
-def main(verbose: bool) -> None:
-    """edgespec: a big model answering faster on your own machine.
-
-    A small draft model (or prompt lookup) proposes tokens, the target model verifies them all in one batched
-    pass, and exact rejection sampling keeps the output distribution the target's own. The controller measures
-    what speculation costs here and turns it down (to plain decoding) when it does not pay.
-
-    \b
-    Start:   edgespec chat                   (default model pair, fetched on first use)
-    Script:  edgespec generate "def fib(n):" --temperature 0
-    Models:  edgespec models list
-    Measure: edgespec bench --tasks code-edit --max-tokens 64
-    """
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(name)s: %(message)s")
-
-
-@main.command()
+@click.command()
 @click.argument("prompt")
 @model_options
 @sampling_options()
@@ -87,7 +64,3 @@ def generate(prompt: str, as_chat: bool, as_json: bool, **opts: Any) -> None:
             else:
                 click.echo()
                 click.echo(describe_stats(result.stats), err=True)
-
-
-for command in (chat, models, bench):
-    main.add_command(command)

@@ -1,6 +1,6 @@
 """One chat, independent of how it is shown: the conversation, its settings, and each turn streamed and saved.
 
-The TUI (``tui/``) and the plain REPL (:mod:`edgespec.repl`) are two views of a :class:`ChatSession`; the
+The TUI (``tui/``) and the plain REPL (:mod:`edgespec.chat.repl`) are two views of a :class:`ChatSession`; the
 slash commands they share are parsed here too.
 """
 
@@ -14,10 +14,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from edgespec.chat.history import ChatStore, Conversation, Message, merge_spans
 from edgespec.engine import parse_draft_len
 from edgespec.errors import ContextOverflowError, EdgespecError, InvalidParameterError
 from edgespec.events import Event, Finished, Stats
-from edgespec.history import ChatStore, Conversation, Message, merge_spans
 from edgespec.sampling import SamplingParams
 
 if TYPE_CHECKING:

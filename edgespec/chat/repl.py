@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
-from edgespec.chat_session import ChatSession, Command, help_lines, parse_command, stats_summary
+from edgespec.chat.session import ChatSession, Command, help_lines, parse_command, stats_summary
 from edgespec.errors import EdgespecError
 from edgespec.events import Chunk, Finished
 

@@ -1,6 +1,6 @@
 """``edgespec chat``: the Textual chat on a terminal, a plain REPL otherwise (or with ``--no-tui``).
 
-The model and sampling options are ``edgespec generate``'s (:mod:`edgespec.cli_common`).
+The model and sampling options are ``edgespec generate``'s (:mod:`edgespec.cli.common`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from edgespec.cli_common import fail, load_options, model_options, sampling_options, sampling_params
+from edgespec.cli.common import fail, load_options, model_options, sampling_options, sampling_params
 from edgespec.errors import EdgespecError
 
 DEFAULT_MAX_TOKENS = 1024  # a chat reply may be long; the session also cuts it to what fits the context
@@ -38,7 +38,7 @@ def chat(**opts: Any) -> None:
     Chats are saved after every turn ($XDG_DATA_HOME/edgespec/chats, or $EDGESPEC_DATA/chats).
     Type /help in the chat for its commands; F1 in the TUI lists its keys.
     """
-    from edgespec.history import ChatStore, Conversation
+    from edgespec.chat.history import ChatStore, Conversation
 
     store = ChatStore()
     try:
@@ -79,7 +79,7 @@ def _threads_beside_ui(requested: int | None) -> int:
     shares its core with the UI stalls every decode (3-4x slower replies were measured on two cores)."""
     if requested is not None:
         return requested
-    from edgespec.backend import default_threads
+    from edgespec.models.backend import default_threads
 
     return max(1, min(default_threads(), (os.cpu_count() or 2) - 1))
 
@@ -112,7 +112,7 @@ def _models(opts: dict[str, Any], conversation) -> tuple[str, str | None, int | 
         target = conversation.target
         draft = draft if draft is not None else (conversation.draft or "none")
     if target is None:
-        from edgespec.registry import resolve_pair
+        from edgespec.models.registry import resolve_pair
 
         chosen = resolve_pair(pair)
         target, hint = chosen.target, chosen.draft_len
@@ -124,8 +124,8 @@ def _models(opts: dict[str, Any], conversation) -> tuple[str, str | None, int | 
 
 
 def _run_repl(load, params, store, conversation) -> None:
-    from edgespec.chat_session import ChatSession
-    from edgespec.repl import run_repl
+    from edgespec.chat.repl import run_repl
+    from edgespec.chat.session import ChatSession
 
     def progress(stage: str, fraction: float) -> None:
         if sys.stderr.isatty():

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import click
 
 from edgespec.errors import EdgespecError, ModelNotFoundError
-from edgespec.registry import ModelSpec, Registry, cache_dir, load_registry
+from edgespec.models.registry import ModelSpec, Registry, cache_dir, load_registry
 
 __all__ = ["models"]
 
@@ -57,7 +57,7 @@ def _specs_for(registry: Registry, ref: str) -> list[ModelSpec]:
 
 def _local_file(registry: Registry, ref: str) -> Path:
     """A path as is, or a registry name's cached file; never downloads (info and compat must be quick)."""
-    from edgespec.fetch import cached_path
+    from edgespec.models.fetch import cached_path
 
     candidate = Path(ref).expanduser()
     if candidate.exists():
@@ -83,7 +83,7 @@ def models() -> None:
 @_friendly
 def list_models(as_json: bool) -> None:
     """Registry models and pairs, and which models are in the cache."""
-    from edgespec.fetch import cached_path
+    from edgespec.models.fetch import cached_path
 
     registry = load_registry()
     rows = []
@@ -148,7 +148,7 @@ def _print_table(rows: list[tuple[str, ...]]) -> None:
 @_friendly
 def pull(refs: tuple[str, ...], quiet: bool) -> None:
     """Fetch models (a pair fetches its target and draft) into the cache; prints each path."""
-    from edgespec.fetch import ensure_model
+    from edgespec.models.fetch import ensure_model
 
     registry = load_registry()
     specs = [spec for ref in refs for spec in _specs_for(registry, ref)]
@@ -163,7 +163,7 @@ def pull(refs: tuple[str, ...], quiet: bool) -> None:
 @_friendly
 def verify(refs: tuple[str, ...], quiet: bool) -> None:
     """Re-hash cached models (all of them when none is named) against the registry."""
-    from edgespec.fetch import cache_path, verify_cached
+    from edgespec.models.fetch import cache_path, verify_cached
 
     registry = load_registry()
     named = bool(refs)
@@ -205,7 +205,7 @@ def path(ref: str) -> None:
 @_friendly
 def rm(refs: tuple[str, ...]) -> None:
     """Remove models from the cache."""
-    from edgespec.fetch import remove_cached
+    from edgespec.models.fetch import remove_cached
 
     registry = load_registry()
     for spec in dict.fromkeys(s for ref in refs for s in _specs_for(registry, ref)):
@@ -218,7 +218,7 @@ def rm(refs: tuple[str, ...]) -> None:
 @_friendly
 def info(ref: str, as_json: bool) -> None:
     """Check a GGUF file (preflight) and print what it is: architecture, quantization, context, vocabulary."""
-    from edgespec.gguf_meta import preflight
+    from edgespec.models.gguf import preflight
 
     facts = preflight(_local_file(load_registry(), ref)).facts()
     if as_json:
@@ -234,7 +234,7 @@ def info(ref: str, as_json: bool) -> None:
 @_friendly
 def compat(target: str, draft: str) -> None:
     """Check from metadata alone that DRAFT can draft for TARGET (paths or pulled model names)."""
-    from edgespec.gguf_meta import check_vocab_compatible, preflight
+    from edgespec.models.gguf import check_vocab_compatible, preflight
 
     registry = load_registry()
     t_info = preflight(_local_file(registry, target))

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from edgespec.errors import ModelError, ModelNotFoundError, VocabMismatchError
-from edgespec.gguf_meta import VOCAB_SIZE_MARGIN, check_vocab_compatible, preflight, read_vocab
+from edgespec.models.gguf import VOCAB_SIZE_MARGIN, check_vocab_compatible, preflight, read_vocab
 
 NORMAL, CONTROL = int(gguf.TokenType.NORMAL), int(gguf.TokenType.CONTROL)
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from edgespec.errors import ContextOverflowError, ModelError
 
-log = logging.getLogger("edgespec.backend")
+log = logging.getLogger("edgespec.models.backend")
 
 # ggml log levels: 0 none, 1 debug, 2 info, 3 warn, 4 error, 5 continuation of the previous line.
 _GGML_LOG_ERROR = 4

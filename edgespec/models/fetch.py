@@ -33,7 +33,7 @@ from filelock import FileLock, Timeout
 from tqdm import tqdm
 
 from edgespec.errors import ModelError, ModelNotFoundError
-from edgespec.registry import ModelSpec, PackRecipe, cache_dir, model_dir
+from edgespec.models.registry import ModelSpec, PackRecipe, cache_dir, model_dir
 
 __all__ = ["cache_path", "cached_path", "ensure_model", "remove_cached", "verify_cached"]
 

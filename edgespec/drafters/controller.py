@@ -21,7 +21,7 @@ them lose. Two things keep them alive:
   restored.
 
 Prompt lookup is different on both counts: it costs nothing to ask and is deterministic, so its proposal is
-checked against the committed tokens every round, drafted or not (:mod:`edgespec.lookup_forecast`). It needs no
+checked against the committed tokens every round, drafted or not (:mod:`edgespec.drafters.lookup_forecast`). It needs no
 exploration, and its estimate is not one α but the probability that the first k proposed tokens are all accepted,
 by the state of the text (how many tokens in a row the proposals have predicted). On a CPU, where
 a verify of b tokens costs ~b single steps, a long draft pays only where acceptance is near 1, and this is what
@@ -42,7 +42,7 @@ from typing import Protocol
 
 import numpy as np
 
-from edgespec.lookup_forecast import LookupForecast
+from edgespec.drafters.lookup_forecast import LookupForecast
 
 LOOKUP = "lookup"  # the drafter whose proposal is given to plan() (it is computed first, every round)
 PROBE_CEILING_ALPHA = 0.95  # a drafter that would lose even at this acceptance is not probed
@@ -249,7 +249,7 @@ class Controller:
     given as its proposal, and costs nothing (the engine asks it every round anyway). Any other (``"model"``)
     is measured by a short first draft right after the first plain round.
 
-    Tuning (the defaults were chosen on :mod:`edgespec.controller_sim`'s CPU and GPU profiles):
+    Tuning (the defaults were chosen on :mod:`edgespec.drafters.controller_sim`'s CPU and GPU profiles):
     ``alpha_prior``/``prior_weight`` the weak prior on α; ``alpha_decay`` forgetting per observed draft
     position (~30 positions of memory), ``idle_decay`` per round a drafter sits out; ``cost_decay`` per timing
     sample; ``verify_slope_prior`` the extra cost per verified token, in one-token decodes, assumed while only

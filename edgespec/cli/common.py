@@ -130,7 +130,7 @@ def pick_models(pair: str | None, target: str | None, draft: str | None) -> tupl
     """Target and draft references from --pair/--target/--draft; with neither, the registry's default pair."""
     draft_len_hint: Any = None
     if target is None:
-        from edgespec.registry import resolve_pair
+        from edgespec.models.registry import resolve_pair
 
         chosen = resolve_pair(pair)
         target = chosen.target

