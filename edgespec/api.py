@@ -17,7 +17,7 @@ from pathlib import Path
 
 from edgespec.drafters.costs import CostCache
 from edgespec.engine import Engine
-from edgespec.errors import EdgespecError
+from edgespec.errors import EdgespecError, InvalidParameterError
 from edgespec.events import Chunk, Event, Finished
 from edgespec.models.backend import Model, gpu_offload_supported
 from edgespec.models.chat_template import render
@@ -139,6 +139,22 @@ class Runtime:
     @property
     def draft_len(self) -> int | str:
         return self.engine.draft_len
+
+    def set_lookup(self, enabled: bool) -> None:
+        """Prompt-lookup drafting on or off, between requests (a server switches it per request).
+
+        Only a runtime loaded with ``lookup=True`` has a lookup drafter to switch back on.
+        """
+        drafter = self.engine.drafters.get("lookup")
+        if enabled and drafter is None:
+            raise InvalidParameterError("prompt lookup was turned off when the models were loaded")
+        # The engine asks ``_lookup`` for a proposal every round; None means it proposes nothing.
+        self.engine._lookup = drafter if enabled else None
+
+    @property
+    def lookup(self) -> bool:
+        """Whether prompt lookup drafts in the next request."""
+        return self.engine._lookup is not None
 
     def close(self) -> None:
         self.engine.target.close()
