@@ -11,6 +11,7 @@ from edgespec.cli.bench import bench
 from edgespec.cli.chat import chat
 from edgespec.cli.generate import generate
 from edgespec.cli.models import models
+from edgespec.cli.serve import serve
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "EDGESPEC"})
@@ -28,9 +29,10 @@ def main(verbose: bool) -> None:
     Script:  edgespec generate "def fib(n):" --temperature 0
     Models:  edgespec models list
     Measure: edgespec bench --tasks code-edit --max-tokens 64
+    Serve:   edgespec serve --port 8080             (an OpenAI-compatible API)
     """
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(name)s: %(message)s")
 
 
-for command in (generate, chat, models, bench):
+for command in (generate, chat, models, bench, serve):
     main.add_command(command)

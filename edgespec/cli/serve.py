@@ -1,0 +1,91 @@
+"""``edgespec serve``: the loaded models behind an OpenAI-compatible HTTP API (:mod:`edgespec.server`)."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import click
+
+from edgespec.cli.common import fail, load_runtime, model_options, pick_models, user_errors
+from edgespec.server.settings import ServerSettings, is_loopback
+
+
+@click.command()
+@model_options
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535), help="Port to listen on.")
+@click.option("--alias", help="The model id clients see and send (default: the target's name).")
+@click.option(
+    "--api-key",
+    envvar="EDGESPEC_API_KEY",
+    help="Require this key (Authorization: Bearer KEY, or X-Api-Key) on every route but /health. "
+    "Also read from $EDGESPEC_API_KEY, which keeps it out of the process list.",
+)
+@click.option(
+    "--max-queue",
+    default=8,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Requests that may wait behind the running one; more get a 503 with Retry-After.",
+)
+@click.option(
+    "--cors-origin",
+    "cors_origins",
+    multiple=True,
+    metavar="ORIGIN",
+    help="Let browser pages from ORIGIN call the API (repeatable; '*' for any). Off by default.",
+)
+def serve(host: str, port: int, alias: str | None, api_key: str | None, max_queue: int, cors_origins, **opts: Any):
+    """Serve the models over an OpenAI-compatible HTTP API (chat and text completions, streaming).
+
+    Requests run one at a time; up to --max-queue more wait in order. Responses carry llama-server's `timings` and
+    a `speculation` report (drafters used, acceptance, and why speculation did not run when it did not).
+    Sampling defaults are llama.cpp's; a request may set draft_len and lookup (the openai client's extra_body).
+
+    \b
+    edgespec serve --pair qwen2.5-coder --port 8080
+    curl http://127.0.0.1:8080/v1/chat/completions -d '{"messages": [{"role": "user", "content": "Hi"}]}'
+    """
+    if not is_loopback(host) and not api_key:
+        fail(f"refusing to listen on {host} without an API key: pass --api-key (or set EDGESPEC_API_KEY)")
+    with user_errors():
+        pick_models(opts["pair"], opts["target"], opts["draft"])  # a bad --pair fails now, not on the load thread
+    try:
+        listener = _listen(host, port)
+    except OSError as exc:
+        fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
+        return
+
+    import uvicorn
+
+    from edgespec.server import create_app
+
+    app = create_app(
+        lambda: load_runtime(opts),
+        ServerSettings(alias=alias, api_key=api_key, max_queue=max_queue, cors_origins=tuple(cors_origins)),
+    )
+    server = uvicorn.Server(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=5))
+    worker = app.state.worker
+    worker.on_load_failed = lambda _message: setattr(server, "should_exit", True)
+    bound_host, bound_port = listener.getsockname()[:2]
+    click.echo(f"edgespec: loading the models; the API will be at http://{bound_host}:{bound_port}/v1", err=True)
+    try:
+        server.run(sockets=[listener])
+    except KeyboardInterrupt:
+        pass  # Ctrl+C is how a server stops; uvicorn has shut down cleanly and re-raised it
+    if worker.load_error is not None:
+        fail(worker.load_error)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A bound socket, so that a port in use is an ``error:`` line before any model loads."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError:
+        sock.close()
+        raise
+    return sock

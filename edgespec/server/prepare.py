@@ -1,0 +1,210 @@
+"""A validated request body turned into what the engine takes: prompt tokens, sampling parameters, drafting.
+
+Everything a client can get wrong is found here, before the request joins the queue: a field edgespec does not
+support, a model it does not serve, a value out of range, a prompt that leaves no room in the context. The
+prompt is tokenized off the event loop (:func:`prompt_tokens` runs in a worker thread: llama.cpp's tokenizer
+only reads the vocabulary, so it can run beside a decode).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from edgespec.engine import parse_draft_len
+from edgespec.errors import EdgespecError
+from edgespec.models.chat_template import ROLES
+from edgespec.sampling import SamplingParams
+from edgespec.server.errors import ApiError, bad_request
+from edgespec.server.schemas import ChatCompletionRequest, CompletionRequest, TextPart
+
+if TYPE_CHECKING:
+    from edgespec.api import Runtime
+    from edgespec.server.worker import Loaded
+
+ROLE_ALIASES = {"developer": "system"}  # OpenAI's newer name for the system role
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One request as the worker runs it."""
+
+    prompt: tuple[int, ...]
+    params: SamplingParams
+    draft_len: int | str  # "auto" or a fixed γ (0 = plain decoding)
+    lookup: bool
+
+
+def refuse_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None:
+    """A 400 for each OpenAI feature edgespec does not have, rather than an answer that silently lacks it."""
+
+    def refuse(param: str, what: str) -> None:
+        raise ApiError(400, f"{what} is not supported by edgespec", param=param, code="unsupported_parameter")
+
+    if body.n is not None and body.n != 1:
+        refuse("n", "n > 1 (several choices per request)")
+    if body.logprobs not in (None, False):
+        refuse("logprobs", "logprobs")
+    if body.response_format is not None and body.response_format != {"type": "text"}:
+        refuse("response_format", "response_format other than text (JSON mode, JSON schema)")
+    if isinstance(body, ChatCompletionRequest):
+        if body.top_logprobs is not None:
+            refuse("top_logprobs", "top_logprobs")
+        if body.tools or body.functions:
+            refuse("tools" if body.tools else "functions", "tool calling")
+        if body.tool_choice not in (None, "none", "auto") or body.function_call not in (None, "none", "auto"):
+            refuse("tool_choice" if body.tool_choice is not None else "function_call", "tool calling")
+    else:
+        if body.echo:
+            refuse("echo", "echo")
+        if body.suffix:
+            refuse("suffix", "suffix (fill-in-the-middle)")
+        if body.best_of is not None and body.best_of != 1:
+            refuse("best_of", "best_of > 1")
+
+
+def check_model(requested: str | None, served: Sequence[str]) -> None:
+    if requested is not None and requested not in served:
+        raise ApiError(
+            404,
+            f"the model {requested!r} is not served here; this server serves {served[0]!r} (GET /v1/models)",
+            param="model",
+            code="model_not_found",
+        )
+
+
+def chat_messages(body: ChatCompletionRequest) -> list[dict]:
+    """The messages as the chat template takes them: a known role and a string content."""
+    messages = []
+    for i, message in enumerate(body.messages):
+        role = ROLE_ALIASES.get(message.role, message.role)
+        if role not in ROLES:
+            raise bad_request(
+                f"messages[{i}].role must be one of {', '.join((*ROLES, 'developer'))}, got {message.role!r}",
+                param=f"messages[{i}].role",
+            )
+        content = message.content
+        if content is None:
+            text = ""
+        elif isinstance(content, str):
+            text = content
+        else:
+            parts = []
+            for part in content:
+                if not isinstance(part, TextPart):
+                    kind = part.get("type", "?") if isinstance(part, dict) else "?"
+                    raise ApiError(
+                        400,
+                        f"content parts of type {kind!r} are not supported by edgespec (text only)",
+                        param=f"messages[{i}].content",
+                        code="unsupported_parameter",
+                    )
+                parts.append(part.text)
+            text = "\n".join(parts)
+        messages.append({"role": role, "content": text})
+    return messages
+
+
+def completion_prompt(body: CompletionRequest) -> str | list[int]:
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        if len(prompt) > 1:
+            raise ApiError(
+                400,
+                "several prompts in one request are not supported by edgespec",
+                param="prompt",
+                code="unsupported_parameter",
+            )
+        return prompt[0]
+    return prompt
+
+
+def prompt_tokens(runtime: Runtime, source: list[dict] | str | list[int]) -> tuple[int, ...]:
+    """Chat messages rendered with the model's template, a text tokenized, or token ids checked. Blocking."""
+    try:
+        if isinstance(source, str):
+            tokens = runtime.engine.target.tokenize(source)
+        elif source and isinstance(source[0], dict):
+            tokens = runtime.render_chat(source)
+        else:
+            n_vocab = runtime.engine.target.n_vocab
+            bad = next((t for t in source if not 0 <= t < n_vocab), None)
+            if bad is not None:
+                raise bad_request(f"token id {bad} is outside the vocabulary (0..{n_vocab - 1})", param="prompt")
+            tokens = list(source)
+    except EdgespecError as exc:  # a template that fails on these messages
+        raise bad_request(str(exc), param="messages" if isinstance(source, list) else "prompt") from exc
+    if not tokens:
+        raise bad_request("the prompt is empty", param="prompt")
+    return tuple(tokens)
+
+
+def generation_request(
+    loaded: Loaded,
+    body: ChatCompletionRequest | CompletionRequest,
+    prompt: tuple[int, ...],
+) -> GenerationRequest:
+    """Sampling parameters and drafting for ``body`` (the server's defaults where it says nothing), with
+    max_tokens fitted to the context."""
+    try:
+        draft_len = parse_draft_len(body.draft_len) if body.draft_len is not None else loaded.draft_len
+    except EdgespecError as exc:
+        raise bad_request(str(exc), param="draft_len") from exc
+    lookup = loaded.lookup if body.lookup is None else body.lookup
+    if lookup and not loaded.lookup_available:
+        raise bad_request("prompt lookup is off on this server (it was started with --no-lookup)", param="lookup")
+
+    is_chat = isinstance(body, ChatCompletionRequest)
+    requested, param = body.max_tokens, "max_tokens"
+    if is_chat and body.max_completion_tokens is not None:
+        requested, param = body.max_completion_tokens, "max_completion_tokens"
+    max_tokens = _fit_context(
+        loaded.runtime, len(prompt), requested, draft_len, param, "messages" if is_chat else "prompt"
+    )
+
+    fields = {
+        name: getattr(body, name)
+        for name in ("temperature", "top_p", "top_k", "min_p")
+        if getattr(body, name) is not None
+    }
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    seed = body.seed if body.seed is not None and body.seed >= 0 else None
+    try:
+        params = SamplingParams(**fields, seed=seed, max_tokens=max_tokens, stop=tuple(stop))
+    except EdgespecError as exc:
+        raise bad_request(str(exc)) from exc
+    return GenerationRequest(prompt, params, draft_len, lookup)
+
+
+def _fit_context(
+    runtime: Runtime, n_prompt: int, requested: int | None, draft_len: int | str, param: str, prompt_param: str
+) -> int:
+    """``requested``, or all the room left when None; a 400 when the prompt and ``requested`` do not fit.
+
+    The verify batch reaches γ tokens past the committed text, so the engine keeps its largest γ free (a fixed
+    draft_len above it raises it).
+    """
+    n_ctx = runtime.context_size if runtime.draft is None else min(runtime.context_size, runtime.draft.n_ctx)
+    headroom = max(runtime.engine.max_gamma, draft_len if isinstance(draft_len, int) else 0)
+    room = n_ctx - n_prompt - headroom
+    if requested is None:
+        if room < 1:
+            raise ApiError(
+                400,
+                f"the prompt ({n_prompt} tokens) leaves no room in the context of {n_ctx} tokens "
+                f"({headroom} kept for drafts); shorten it, or start the server with a larger --n-ctx",
+                param=prompt_param,
+                code="context_length_exceeded",
+            )
+        return room
+    if requested > room:
+        raise ApiError(
+            400,
+            f"prompt ({n_prompt} tokens) + {param} ({requested}) + draft headroom ({headroom}) = "
+            f"{n_prompt + requested + headroom} tokens exceeds the context of {n_ctx}; shorten the prompt, lower "
+            f"{param}, or start the server with a larger --n-ctx",
+            param=param,
+            code="context_length_exceeded",
+        )
+    return requested

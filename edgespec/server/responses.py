@@ -1,0 +1,141 @@
+"""OpenAI's response shapes, plus the two additions clients keep: ``timings`` (llama-server's names) and
+``speculation`` (what drafting did for this request, and why it did nothing when it did nothing)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Literal
+
+from edgespec.events import Stats
+from edgespec.server.prepare import GenerationRequest
+from edgespec.server.worker import Outcome
+
+# The engine's reasons, in OpenAI's words ("cancelled" only reaches a client that is gone).
+FINISH_REASONS = {"stop": "stop", "eos": "stop", "length": "length", "cancelled": "stop"}
+
+
+def reused_tokens(stats: Stats) -> int:
+    """Prompt tokens whose KV an earlier request left (the engine prefills all but the prompt's last token, which
+    opens the first round)."""
+    return max(stats.prompt_tokens - 1 - stats.prefilled_tokens, 0)
+
+
+def usage(stats: Stats) -> dict:
+    return {
+        "prompt_tokens": stats.prompt_tokens,
+        "completion_tokens": stats.generated,
+        "total_tokens": stats.prompt_tokens + stats.generated,
+        "prompt_tokens_details": {"cached_tokens": reused_tokens(stats)},
+    }
+
+
+def timings(stats: Stats) -> dict:
+    """llama-server's ``timings``: prompt_* for the prompt tokens decoded (cache_n reused from the KV), predicted_*
+    for the generation after it."""
+    prompt_ms = stats.t_prefill * 1000.0
+    predicted_ms = stats.t_decode * 1000.0
+    cached = reused_tokens(stats)
+    n_prompt, n_predicted = stats.prompt_tokens - cached, stats.generated
+    return {
+        "cache_n": cached,
+        "prompt_n": n_prompt,
+        "prompt_ms": round(prompt_ms, 3),
+        "prompt_per_token_ms": round(prompt_ms / n_prompt, 3) if n_prompt else 0.0,
+        "prompt_per_second": round(n_prompt / stats.t_prefill, 3) if stats.t_prefill > 0 else 0.0,
+        "predicted_n": n_predicted,
+        "predicted_ms": round(predicted_ms, 3),
+        "predicted_per_token_ms": round(predicted_ms / n_predicted, 3) if n_predicted else 0.0,
+        "predicted_per_second": round(stats.tokens_per_second, 3),
+        "draft_n": stats.drafted,
+        "draft_n_accepted": stats.accepted,
+    }
+
+
+def speculation(outcome: Outcome, request: GenerationRequest, draft_model: str | None) -> dict:
+    """What speculation did; ``active: false`` with a ``reason`` when no round drafted."""
+    stats = outcome.finished.stats
+    hist = list(stats.accepted_per_round)
+    while len(hist) > 1 and hist[-1] == 0:
+        hist.pop()
+    report = {
+        "active": stats.drafted > 0,
+        "drafters": list(outcome.drafters),
+        "draft_model": draft_model,
+        "lookup": request.lookup,
+        "draft_len": request.draft_len,
+        "acceptance_rate": round(stats.acceptance_rate, 4),
+        "tokens_per_verify": round(stats.tokens_per_verify, 4),
+        "rounds": stats.rounds,
+        "draft_rounds": outcome.draft_rounds,
+        "drafted": stats.drafted,
+        "accepted": stats.accepted,
+        "accepted_per_round": hist,  # [k] = rounds that accepted k drafted tokens
+    }
+    if not report["active"]:
+        report["reason"] = _why_inactive(request, draft_model)
+    return report
+
+
+def _why_inactive(request: GenerationRequest, draft_model: str | None) -> str:
+    if request.draft_len == 0:
+        return "draft_len is 0: speculation is off for this request"
+    if draft_model is None and not request.lookup:
+        return "no drafter: no draft model is loaded and prompt lookup is off"
+    if request.draft_len == "auto":
+        return "the controller decoded plainly every round: no draft promised to be faster on this machine"
+    if draft_model is None:
+        return "prompt lookup found nothing to propose"
+    return "no round had room for a draft"
+
+
+@dataclass(frozen=True)
+class ResponseShape:
+    """Builds the objects of one response, chat or text completion, streamed or whole."""
+
+    kind: Literal["chat", "text"]
+    model: str
+    id: str = field(default="")
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            prefix = "chatcmpl" if self.kind == "chat" else "cmpl"
+            object.__setattr__(self, "id", f"{prefix}-{uuid.uuid4().hex}")
+
+    def _head(self, obj: str) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def complete(self, outcome: Outcome, extras: dict) -> dict:
+        """The whole response of a non-streamed request."""
+        finished = outcome.finished
+        reason = FINISH_REASONS[finished.finish_reason]
+        if self.kind == "chat":
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": finished.text},
+                "logprobs": None,
+                "finish_reason": reason,
+            }
+            head = self._head("chat.completion")
+        else:
+            choice = {"index": 0, "text": finished.text, "logprobs": None, "finish_reason": reason}
+            head = self._head("text_completion")
+        return {**head, "choices": [choice], "usage": usage(finished.stats), **extras}
+
+    def chunk(self, text: str | None, *, first: bool, finish_reason: str | None = None) -> dict:
+        """A streamed piece; the chat's first delta carries the role, the last one the finish reason."""
+        if self.kind == "chat":
+            delta: dict = {"role": "assistant"} if first else {}
+            if text is not None:
+                delta["content"] = text
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            return {**self._head("chat.completion.chunk"), "choices": [choice]}
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        return {**self._head("text_completion"), "choices": [choice]}
+
+    def usage_chunk(self, outcome: Outcome) -> dict:
+        """The extra last chunk of ``stream_options.include_usage``: no choices, the usage."""
+        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+        return {**self._head(obj), "choices": [], "usage": usage(outcome.finished.stats)}

@@ -1,0 +1,71 @@
+"""The request bodies of ``/v1/chat/completions`` and ``/v1/completions``, validated strictly.
+
+Types are checked strictly (``"0.5"`` is not a number, ``1.0`` is not an integer): a client that sends the wrong
+type learns it from a 400 instead of getting a guess. Fields nobody here knows are ignored, as OpenAI's clients
+expect; fields OpenAI defines that edgespec cannot honour are declared so that :mod:`.prepare` can refuse them
+by name instead of ignoring them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: str
+    # A string, a list of parts (only text parts are supported), or null (an assistant turn that only called tools).
+    content: str | list[TextPart | dict[str, Any]] | None = None
+
+
+class _Sampling(_Strict):
+    """Fields both endpoints share: sampling, stopping, streaming, and edgespec's own ``draft_len``/``lookup``."""
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0, lt=1)
+    seed: int | None = Field(default=None, ge=-1)  # -1: a fresh seed, as llama.cpp reads it
+    stop: str | list[str] | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    # edgespec's own (the openai client sends them through ``extra_body``)
+    draft_len: int | str | None = None
+    lookup: bool | None = None
+    # defined by OpenAI, not supported: refused when asked for (see prepare.unsupported)
+    n: int | None = None
+    logprobs: Any = None
+    response_format: Any = None
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    top_logprobs: int | None = None
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str] | list[int]
+    echo: bool | None = None
+    suffix: str | None = None
+    best_of: int | None = None
