@@ -1,0 +1,510 @@
+"""`edgespec serve` end to end: real HTTP on 127.0.0.1, the official openai client, SmolLM2 drafting for itself.
+
+One server (module scope) serves most tests; each test leaves it idle. Every wait is bounded (:func:`wait_until`).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
+
+from edgespec.sampling import SamplingParams
+from edgespec.server import ServerSettings, create_app
+from edgespec.server.worker import Job
+
+ALIAS = "tiny"
+COUNTING = "1, 2, 3, 4, 5, 6,"  # SmolLM2 counts on and on at T=0: a request that runs until it is cancelled
+LONG = 3000  # max_tokens of such a request (about a minute on a busy 2-core machine, never reached in a test)
+WAIT = 60.0  # seconds any wait may take before the test fails
+
+
+def wait_until(condition: Callable[[], object], what: str, timeout: float = WAIT) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+class LiveServer:
+    """uvicorn on a free port of 127.0.0.1, in a thread."""
+
+    def __init__(self, load: Callable, settings: ServerSettings) -> None:
+        self.app = create_app(load, settings)
+        self.worker = self.app.state.worker
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.jobs: list[Job] = []  # every job that left the server, in order
+        self.worker.observers.append(self.jobs.append)
+
+    def start(self, *, wait_ready: bool = True) -> LiveServer:
+        self.thread.start()
+        wait_until(lambda: self.server.started, "uvicorn to start")
+        self.port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        if wait_ready:
+            wait_until(lambda: httpx.get(self.url + "/health").status_code == 200, "the model to load")
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(WAIT)
+        assert not self.thread.is_alive(), "the server did not stop"
+
+    def client(self, **kwargs) -> openai.OpenAI:
+        kwargs.setdefault("api_key", "unused")
+        return openai.OpenAI(base_url=self.url + "/v1", max_retries=0, timeout=WAIT, **kwargs)
+
+    @property
+    def runtime(self):
+        return self.worker.loaded.runtime
+
+    def metrics(self) -> dict[str, float]:
+        """Every sample of /metrics by name (with its labels spelled out), parsed by prometheus_client."""
+        text = httpx.get(self.url + "/metrics").text
+        samples = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+                samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+        return samples
+
+    def held_request(self, path: str, body: dict) -> socket.socket:
+        """A request on a raw socket that stays open until closed: a client that can vanish at any moment."""
+        sock = socket.create_connection(("127.0.0.1", self.port), timeout=WAIT)
+        data = json.dumps(body).encode()
+        head = f"POST {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+        head += f"Content-Length: {len(data)}\r\n\r\n"
+        sock.sendall(head.encode() + data)
+        return sock
+
+    def wait_idle(self) -> None:
+        wait_until(lambda: self.worker.processing == 0 and self.worker.waiting == 0, "the server to be idle")
+
+    def python_api(self, source, max_tokens: int, **sampling) -> tuple[str, object]:
+        """What the Python API gives for the same request, with the server's default drafting (server idle)."""
+        self.wait_idle()
+        runtime, loaded = self.runtime, self.worker.loaded
+        runtime.set_draft_len(loaded.draft_len)
+        runtime.set_lookup(loaded.lookup)
+        params = SamplingParams(max_tokens=max_tokens, **sampling)
+        events = runtime.chat(source, params) if isinstance(source, list) else runtime.stream(source, params)
+        finished = [e for e in events][-1]
+        return finished.text, finished
+
+
+def tiny_loader(path: Path, *, draft: bool = True, gate: threading.Event | None = None):
+    def load():
+        from edgespec.api import load as load_models
+
+        if gate is not None:
+            assert gate.wait(WAIT), "the test never opened the loading gate"
+        return load_models(path, path if draft else None, n_ctx=4096, show_fetch_progress=False)
+
+    return load
+
+
+@pytest.fixture(scope="module")
+def live(tiny_model_path: Path):
+    server = LiveServer(
+        tiny_loader(tiny_model_path), ServerSettings(alias=ALIAS, max_queue=3, max_body_bytes=256 * 1024)
+    ).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture()
+def client(live: LiveServer) -> openai.OpenAI:
+    live.wait_idle()
+    return live.client()
+
+
+def chat_messages(text: str) -> list[dict]:
+    return [{"role": "system", "content": "You are brief."}, {"role": "user", "content": text}]
+
+
+def new_jobs(live: LiveServer, before: int, count: int = 1) -> list[Job]:
+    wait_until(lambda: len(live.jobs) >= before + count, f"{count} job(s) to leave the server")
+    return live.jobs[before : before + count]
+
+
+# ----- models and health --------------------------------------------------------------------------------------
+def test_models_list_and_retrieve(live: LiveServer, client: openai.OpenAI):
+    models = client.models.list()
+    assert [m.id for m in models.data] == [ALIAS]
+    card = models.data[0]
+    assert card.object == "model" and card.owned_by == "edgespec" and card.created > 0
+    meta = card.model_extra["meta"]
+    assert meta["n_ctx"] == 4096
+    assert meta["target"]["name"] == meta["draft"]["name"] == live.runtime.target.name
+    assert client.models.retrieve(ALIAS).id == ALIAS
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("gpt-4o")
+    assert err.value.body["code"] == "model_not_found"
+    assert httpx.get(live.url + "/health").json() == {"status": "ok"}
+
+
+def test_health_is_503_while_loading(tiny_model_path: Path):
+    gate = threading.Event()
+    server = LiveServer(tiny_loader(tiny_model_path, draft=False, gate=gate), ServerSettings()).start(wait_ready=False)
+    try:
+        health = httpx.get(server.url + "/health")
+        assert health.status_code == 503
+        assert health.json()["error"]["code"] == "loading"
+        assert httpx.get(server.url + "/metrics").status_code == 200  # never waits for the model
+        with pytest.raises(openai.APIStatusError) as err:
+            server.client().chat.completions.create(model="x", messages=chat_messages("hi"), max_tokens=2)
+        assert err.value.status_code == 503
+        gate.set()
+        wait_until(lambda: httpx.get(server.url + "/health").status_code == 200, "the model to load")
+    finally:
+        gate.set()
+        server.stop()
+
+
+# ----- generation ---------------------------------------------------------------------------------------------
+def test_chat_equals_python_api_plain_and_streamed(live: LiveServer, client: openai.OpenAI):
+    messages = chat_messages("Name three colours.")
+    expected, _ = live.python_api(messages, 24, temperature=0)
+
+    reply = client.chat.completions.create(model=ALIAS, messages=messages, max_tokens=24, temperature=0)
+    assert reply.object == "chat.completion"
+    assert reply.choices[0].message.role == "assistant"
+    assert reply.choices[0].message.content == expected
+    assert reply.choices[0].finish_reason in ("stop", "length")
+
+    stream = client.chat.completions.create(model=ALIAS, messages=messages, max_tokens=24, temperature=0, stream=True)
+    chunks = list(stream)
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(c.choices[0].delta.role is None for c in chunks[1:])
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected
+    assert chunks[-1].choices[0].finish_reason == reply.choices[0].finish_reason
+    assert [c.choices[0].finish_reason for c in chunks[:-1]] == [None] * (len(chunks) - 1)
+    # Without include_usage the extras ride the finishing chunk.
+    assert {"timings", "speculation"} <= set(chunks[-1].model_extra)
+
+
+def test_completions_equal_python_api(live: LiveServer, client: openai.OpenAI):
+    expected, _ = live.python_api("def add(a, b):", 20, temperature=0)
+    reply = client.completions.create(model=ALIAS, prompt="def add(a, b):", max_tokens=20, temperature=0)
+    assert reply.object == "text_completion"
+    assert reply.choices[0].text == expected
+    streamed = client.completions.create(
+        model=ALIAS, prompt="def add(a, b):", max_tokens=20, temperature=0, stream=True
+    )
+    assert "".join(c.choices[0].text for c in streamed) == expected
+
+
+def test_usage_and_timings_equal_the_engines_stats(live: LiveServer, client: openai.OpenAI):
+    before = len(live.jobs)
+    reply = client.chat.completions.create(
+        model=ALIAS, messages=chat_messages("Count to five."), max_tokens=16, temperature=0
+    )
+    (job,) = new_jobs(live, before)
+    s = job.outcome.finished.stats
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (s.prompt_tokens, s.generated)
+    assert reply.usage.total_tokens == s.prompt_tokens + s.generated
+    timings = reply.model_extra["timings"]
+    assert timings["predicted_n"] == s.generated
+    assert timings["predicted_ms"] == round(s.t_decode * 1000, 3)
+    assert timings["prompt_ms"] == round(s.t_prefill * 1000, 3)
+    assert timings["cache_n"] + timings["prompt_n"] == s.prompt_tokens
+    assert (timings["draft_n"], timings["draft_n_accepted"]) == (s.drafted, s.accepted)
+
+    # Streamed with include_usage: a last chunk without choices carries usage, timings and speculation.
+    before = len(live.jobs)
+    chunks = list(
+        client.chat.completions.create(
+            model=ALIAS,
+            messages=chat_messages("Count to five."),
+            max_tokens=16,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    (job,) = new_jobs(live, before)
+    s = job.outcome.finished.stats
+    last = chunks[-1]
+    assert last.choices == [] and last.usage.completion_tokens == s.generated
+    assert last.model_extra["timings"]["predicted_n"] == s.generated
+    assert last.model_extra["speculation"]["rounds"] == s.rounds
+    assert all(c.usage is None for c in chunks[:-1])
+    # The conversation's prefix was reused from the request before: only its tail was decoded.
+    assert last.usage.prompt_tokens_details.cached_tokens > 0
+
+
+def test_speculation_report_and_spec_metrics(live: LiveServer, client: openai.OpenAI):
+    before_metrics = live.metrics()
+    reply = client.completions.create(
+        model=ALIAS, prompt=COUNTING, max_tokens=24, temperature=0, extra_body={"draft_len": 3, "lookup": False}
+    )
+    spec = reply.model_extra["speculation"]
+    assert spec["active"] is True
+    assert spec["drafters"] == ["model"] and spec["draft_model"] == live.runtime.draft.name
+    assert spec["draft_len"] == 3 and spec["lookup"] is False
+    assert spec["drafted"] > 0 and 0 < spec["accepted"] <= spec["drafted"]
+    assert spec["acceptance_rate"] == round(spec["accepted"] / spec["drafted"], 4)
+    assert sum(spec["accepted_per_round"]) == spec["rounds"]
+    assert spec["tokens_per_verify"] > 1
+
+    after = live.metrics()
+    grew = {name: after[name] - before_metrics.get(name, 0.0) for name in after}
+    assert grew["edgespec:spec_decode_num_draft_tokens_total"] == spec["drafted"]
+    assert grew["edgespec:spec_decode_num_accepted_tokens_total"] == spec["accepted"]
+    assert grew["edgespec:spec_decode_num_drafts_total"] == spec["draft_rounds"]
+    per_pos = sum(v for k, v in grew.items() if k.startswith("edgespec:spec_decode_num_accepted_tokens_per_pos_total{"))
+    assert per_pos == spec["accepted"]
+    assert grew["edgespec:tokens_predicted_total"] == reply.usage.completion_tokens
+
+    plain = client.completions.create(model=ALIAS, prompt=COUNTING, max_tokens=8, extra_body={"draft_len": 0})
+    spec = plain.model_extra["speculation"]
+    assert spec["active"] is False and "draft_len is 0" in spec["reason"]
+
+
+def test_four_concurrent_streaming_clients(live: LiveServer):
+    prompts = ["The sky is", "def square(x):", "Paris is the capital of", "Water boils at"]
+    expected = [live.python_api(p, 24, temperature=0)[0] for p in prompts]
+    results: dict[int, str] = {}
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            stream = live.client().completions.create(
+                model=ALIAS, prompt=prompts[i], max_tokens=24, temperature=0, stream=True
+            )
+            results[i] = "".join(c.choices[0].text for c in stream)
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT)
+    assert not errors
+    assert [results.get(i) for i in range(4)] == expected
+
+
+# ----- cancellation and the queue -----------------------------------------------------------------------------
+def test_disconnect_mid_stream_frees_the_engine(live: LiveServer, client: openai.OpenAI):
+    cancelled_before = live.metrics()["edgespec:requests_cancelled_total"]
+    before = len(live.jobs)
+    stream = client.completions.create(
+        model=ALIAS, prompt=COUNTING, max_tokens=LONG, temperature=0, stream=True, extra_body={"draft_len": 0}
+    )
+    received = 0
+    for chunk in stream:
+        received += len(chunk.choices[0].text)
+        if received > 20:
+            break
+    stream.close()  # the client goes away mid-stream
+
+    (job,) = new_jobs(live, before)
+    assert job.cancelled and job.outcome.finished.finish_reason == "cancelled"
+    assert job.outcome.finished.stats.generated < LONG
+    assert live.metrics()["edgespec:requests_cancelled_total"] == cancelled_before + 1
+    reply = client.completions.create(model=ALIAS, prompt="Hello", max_tokens=4)
+    assert reply.choices[0].finish_reason in ("stop", "length")
+
+
+def test_disconnects_of_waiting_and_running_plain_requests(live: LiveServer, client: openai.OpenAI):
+    body = {"model": ALIAS, "prompt": COUNTING, "max_tokens": LONG, "temperature": 0, "draft_len": 0}
+    cancelled_before = live.metrics()["edgespec:requests_cancelled_total"]
+    before = len(live.jobs)
+    running = live.held_request("/v1/completions", body)
+    wait_until(lambda: live.worker.processing == 1, "the first request to run")
+    waiting = live.held_request("/v1/completions", body)
+    wait_until(lambda: live.metrics()["edgespec:requests_deferred"] == 1, "the second request to wait")
+
+    waiting.close()  # leaves the queue without running
+    (withdrawn,) = new_jobs(live, before)
+    assert withdrawn.withdrawn and withdrawn.outcome is None
+    assert live.metrics()["edgespec:requests_deferred"] == 0
+
+    running.close()  # stops after its current round
+    (stopped,) = new_jobs(live, before + 1)
+    assert stopped.outcome.finished.finish_reason == "cancelled"
+    assert live.metrics()["edgespec:requests_cancelled_total"] == cancelled_before + 2
+    assert client.completions.create(model=ALIAS, prompt="Hi", max_tokens=2).usage.completion_tokens >= 1
+
+
+def test_queue_full_is_503_with_retry_after(live: LiveServer, client: openai.OpenAI):
+    body = {"model": ALIAS, "prompt": COUNTING, "max_tokens": LONG, "temperature": 0, "draft_len": 0}
+    held = [live.held_request("/v1/completions", body)]
+    try:
+        wait_until(lambda: live.worker.processing == 1, "a request to run")
+        for _ in range(3):  # --max-queue 3
+            held.append(live.held_request("/v1/completions", body))
+        wait_until(lambda: live.worker.waiting == 3, "three requests to wait")
+        with pytest.raises(openai.APIStatusError) as err:
+            client.completions.create(model=ALIAS, prompt="Hi", max_tokens=2)
+        assert err.value.status_code == 503
+        assert err.value.response.headers["retry-after"].isdigit()
+        assert err.value.body["code"] == "queue_full" and err.value.body["type"] == "unavailable_error"
+        assert httpx.get(live.url + "/v1/models").status_code == 200  # never waits for the model
+    finally:
+        for sock in held:
+            sock.close()
+    live.wait_idle()
+    assert client.completions.create(model=ALIAS, prompt="Hi", max_tokens=2).choices[0].text is not None
+
+
+# ----- errors -------------------------------------------------------------------------------------------------
+CHAT = "/v1/chat/completions"
+MESSAGES = [{"role": "user", "content": "Hi"}]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "param", "code"),
+    [
+        (CHAT, b'{"messages": [', 400, None, "json_invalid"),
+        (CHAT, b"[1, 2]", 400, None, "invalid_value"),
+        (CHAT, {"messages": "Hi"}, 400, "messages", "invalid_value"),
+        (CHAT, {"messages": []}, 400, "messages", "invalid_value"),
+        (CHAT, {"messages": MESSAGES, "temperature": "hot"}, 400, "temperature", "invalid_value"),
+        (CHAT, {"messages": MESSAGES, "max_tokens": 0}, 400, "max_tokens", "invalid_value"),
+        (CHAT, {"messages": MESSAGES, "top_p": 1.5}, 400, "top_p", "invalid_value"),
+        (CHAT, {"messages": MESSAGES, "stream": "yes"}, 400, "stream", "invalid_value"),
+        (CHAT, {"messages": [{"role": "robot", "content": "Hi"}]}, 400, "messages[0].role", "invalid_value"),
+        (CHAT, {"messages": MESSAGES, "draft_len": "lots"}, 400, "draft_len", "invalid_value"),
+        (CHAT, {"messages": MESSAGES, "n": 2}, 400, "n", "unsupported_parameter"),
+        (CHAT, {"messages": MESSAGES, "logprobs": True}, 400, "logprobs", "unsupported_parameter"),
+        (CHAT, {"messages": MESSAGES, "tools": [{"type": "function"}]}, 400, "tools", "unsupported_parameter"),
+        (
+            CHAT,
+            {"messages": MESSAGES, "response_format": {"type": "json_object"}},
+            400,
+            "response_format",
+            "unsupported_parameter",
+        ),
+        (CHAT, {"messages": MESSAGES, "max_tokens": 5000}, 400, "max_tokens", "context_length_exceeded"),
+        (
+            CHAT,
+            {"messages": [{"role": "user", "content": "word " * 5000}]},
+            400,
+            "messages",
+            "context_length_exceeded",
+        ),
+        (CHAT, {"messages": MESSAGES, "model": "gpt-4o"}, 404, "model", "model_not_found"),
+        ("/v1/completions", {"prompt": "x", "echo": True}, 400, "echo", "unsupported_parameter"),
+        ("/v1/completions", {"prompt": [1, 10**9]}, 400, "prompt", "invalid_value"),
+        ("/v1/embeddings", {"input": "x"}, 404, None, "not_found"),
+        (CHAT, b"x" * (300 * 1024), 413, None, "body_too_large"),
+    ],
+)
+def test_bad_input_gets_its_status_and_an_openai_error_body(live, path, body, status, param, code):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    response = httpx.post(live.url + path, content=content, headers={"Content-Type": "application/json"})
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["message"] and error["param"] == param and error["code"] == code
+    if code == "unsupported_parameter":
+        assert "not supported" in error["message"]
+    # ... and the server goes on serving.
+    ok = httpx.post(live.url + CHAT, json={"messages": MESSAGES, "max_tokens": 2}, timeout=WAIT)
+    assert ok.status_code == 200, ok.text
+
+
+def test_errors_inside_generation_are_500_or_a_stream_error_frame(live: LiveServer, client: openai.OpenAI):
+    runtime = live.runtime
+    real_stream = runtime.stream
+
+    def failing_stream(*args, **kwargs):
+        events = real_stream(*args, **kwargs)
+        yield next(events)
+        events.close()
+        raise RuntimeError("the GPU caught fire")
+
+    runtime.stream = failing_stream
+    try:
+        response = httpx.post(live.url + CHAT, json={"messages": MESSAGES, "max_tokens": 8}, timeout=WAIT)
+        assert response.status_code == 500
+        assert response.json()["error"]["type"] == "server_error"
+        assert "caught fire" in response.json()["error"]["message"]
+
+        frames = []
+        with httpx.stream(
+            "POST", live.url + CHAT, json={"messages": MESSAGES, "max_tokens": 8, "stream": True}, timeout=WAIT
+        ) as streamed:
+            assert streamed.status_code == 200
+            frames = [line[len("data: ") :] for line in streamed.iter_lines() if line.startswith("data: ")]
+        assert frames[-1] == "[DONE]"
+        assert json.loads(frames[-2])["error"]["code"] == "internal_error"
+        with pytest.raises(openai.APIError, match="caught fire"):
+            list(client.chat.completions.create(model=ALIAS, messages=MESSAGES, max_tokens=8, stream=True))
+    finally:
+        runtime.stream = real_stream
+    assert client.chat.completions.create(model=ALIAS, messages=MESSAGES, max_tokens=2).choices[0].message
+
+
+def test_metrics_parse_with_prometheus_client(live: LiveServer):
+    samples = live.metrics()
+    for name in (
+        "edgespec:prompt_tokens_total",
+        "edgespec:tokens_predicted_total",
+        "edgespec:requests_processing",
+        "edgespec:requests_deferred",
+        "edgespec:requests_cancelled_total",
+        "edgespec:spec_decode_num_drafts_total",
+        "edgespec:spec_decode_num_draft_tokens_total",
+        "edgespec:spec_decode_num_accepted_tokens_total",
+    ):
+        assert name in samples, name
+    assert any(k.startswith("edgespec:spec_decode_num_accepted_tokens_per_pos_total{position=") for k in samples)
+
+
+# ----- the API key and CORS -----------------------------------------------------------------------------------
+def test_api_key_and_cors(tiny_model_path: Path):
+    origin = "http://app.example"
+    server = LiveServer(
+        tiny_loader(tiny_model_path, draft=False),
+        ServerSettings(api_key="sekret", cors_origins=(origin,)),
+    ).start()
+    try:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"X-Api-Key": "sekre"}):
+            response = httpx.get(server.url + "/v1/models", headers=headers)
+            assert response.status_code == 401
+            assert response.json()["error"]["type"] == "authentication_error"
+        assert httpx.get(server.url + "/metrics").status_code == 401
+        assert httpx.get(server.url + "/health").status_code == 200  # public, for supervisors
+        assert httpx.get(server.url + "/v1/models", headers={"X-Api-Key": "sekret"}).status_code == 200
+        with pytest.raises(openai.AuthenticationError):
+            server.client(api_key="wrong").completions.create(model="x", prompt="Hi", max_tokens=2)
+        reply = server.client(api_key="sekret").completions.create(
+            model=server.runtime.target.name, prompt="Hi", max_tokens=2
+        )
+        assert reply.usage.completion_tokens >= 1
+
+        preflight = httpx.options(
+            server.url + "/v1/chat/completions",
+            headers={"Origin": origin, "Access-Control-Request-Method": "POST"},
+        )
+        assert preflight.headers["access-control-allow-origin"] == origin
+        other = httpx.options(
+            server.url + "/v1/chat/completions",
+            headers={"Origin": "http://evil.example", "Access-Control-Request-Method": "POST"},
+        )
+        assert "access-control-allow-origin" not in other.headers
+    finally:
+        server.stop()
+
+
+def test_no_cors_headers_unless_asked(live: LiveServer):
+    response = httpx.get(live.url + "/v1/models", headers={"Origin": "http://app.example"})
+    assert response.status_code == 200
+    assert "access-control-allow-origin" not in response.headers
