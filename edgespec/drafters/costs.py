@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from edgespec.sampling import LOGITS, Readout
+
 
 @dataclass(frozen=True)
 class Costs:
@@ -25,14 +27,16 @@ class Costs:
     catchup: dict[str, float]  # seconds per caught-up token, per drafter
 
 
-def time_decodes(model: Any, token: int, width: int, repeat: int, *, logits: bool = True) -> list[float]:
+def time_decodes(model: Any, token: int, width: int, repeat: int, readout: Readout | None = LOGITS) -> list[float]:
     """Seconds of each of ``repeat`` decodes of ``width`` copies of ``token`` at the model's current KV position,
-    each rolled back. With ``logits``, logits at every row (what a verify asks); without, none (a catch-up)."""
+    each rolled back. With a ``readout``, every row is scored that way (what a verify asks); with None, no row is
+    (a catch-up)."""
     keep = len(model.kv_tokens)
     times = []
+    rows = range(width) if readout is not None else ()
     for _ in range(repeat):
         t0 = time.perf_counter()
-        model.decode([token] * width, range(width) if logits else ())
+        model.decode([token] * width, rows, readout or LOGITS)
         times.append(time.perf_counter() - t0)
         model.truncate(keep)
     return times
@@ -50,6 +54,7 @@ def setup_key(*models: Any) -> str:
         parts.append(
             f"{path.resolve() if stat else path}|{stat.st_size if stat else 0}|{int(stat.st_mtime) if stat else 0}"
             f"|threads={getattr(m, 'n_threads', '?')}|ngl={getattr(m, 'n_gpu_layers', 0)}"
+            f"|bit_exact={getattr(m, 'bit_exact', False)}"
         )
     return " ".join(parts)
 
