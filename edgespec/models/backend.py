@@ -115,6 +115,7 @@ def model_shape(path: str | os.PathLike) -> Shape:
     _init_backend()
     params = llama_cpp.llama_model_default_params()
     params.no_alloc = True
+    params.load_mode = 0  # LLAMA_LOAD_MODE_NONE: llama.cpp asserts that a no-alloc load maps nothing
     params.n_gpu_layers = 0
     model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
     if not model:
