@@ -65,7 +65,7 @@ def test_shipped_entries() -> None:
         "auto",
     )
     assert resolve_pair(None) == pair == resolve_pair("qwen2.5-coder")
-    assert registry.pairs_of("qwen2.5-coder-0.5b") == ["qwen2.5-coder"]
+    assert registry.pairs_of("qwen2.5-coder-0.5b")[0] == "qwen2.5-coder"
 
 
 def test_locations_follow_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -158,6 +158,19 @@ def test_bad_toml_names_file_and_line(isolated: Path) -> None:
             ["draft_len"],
         ),
         ("default_pair = 'x'\n", ["default_pair", "unknown top-level key"]),
+        (
+            '[models.h]\nrole = "t"\nchecked = false\nhub_repo = "o/r"\nhub_quant = "Q4_K_M"\nsize = 3\n',
+            [":6:", "models.h.size", "not for a `checked = false` entry"],
+        ),
+        ('[models.h]\nrole = "t"\nchecked = false\nhub_quant = "Q4_K_M"\n', ["models.h.hub_repo", "missing"]),
+        (
+            '[models.h]\nrole = "t"\nchecked = false\nhub_repo = "o/r"\nhub_quant = "Q8_0"\nhub_file = "x.gguf"\n',
+            ["models.h.hub_file", "exactly one of hub_file and hub_quant"],
+        ),
+        (GOOD_MODEL.format(sha="a" * 64) + 'hub_quant = "Q8_0"\n', ["models.mine.hub_quant", "checked = false"]),
+        (GOOD_MODEL.format(sha="a" * 64).replace("size = 1234\n", ""), ["models.mine.size", "checked = false"]),
+        ("[scan]\nfolders = \"~/models\"\n", [":2:", "scan.folders", "expected a list"]),
+        ("[scan]\nfolder = []\n", ["scan.folder", "unknown key"]),
     ],
 )
 def test_bad_entries_name_file_key_and_line(isolated: Path, text: str, fragments: list[str]) -> None:
@@ -169,6 +182,15 @@ def test_bad_entries_name_file_key_and_line(isolated: Path, text: str, fragments
     assert "\n" not in message
     for fragment in fragments:
         assert fragment in message, message
+
+
+def test_scan_folders_expand_home_variables_and_relative_paths(
+    isolated: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("MODELS_AT", "/srv/models")
+    isolated.write_text('[scan]\nfolders = ["~/gguf", "$MODELS_AT/big", "local"]\n')
+    assert load_registry().scan_folders == (tmp_path / "home" / "gguf", Path("/srv/models/big"), tmp_path / "local")
 
 
 def test_two_defaults_in_one_file_are_refused(isolated: Path) -> None:
