@@ -58,6 +58,8 @@ def generate(prompt: str, as_chat: bool, as_json: bool, **opts: Any) -> None:
                             "tokens": list(result.tokens),
                             "finish_reason": result.finish_reason,
                             "stats": result.stats.as_dict(),
+                            "target": runtime.target.path,
+                            "draft": runtime.draft.path if runtime.draft is not None else None,
                         }
                     )
                 )
