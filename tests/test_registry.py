@@ -68,6 +68,35 @@ def test_shipped_entries() -> None:
     assert registry.pairs_of("qwen2.5-coder-0.5b")[0] == "qwen2.5-coder"
 
 
+# The pairs users ask for (issue #12): target, draft; none of their new files could be downloaded here.
+ASKED_FOR = {
+    "qwen2.5-coder-7b+0.5b": ("qwen2.5-coder-7b", "qwen2.5-coder-0.5b"),
+    "qwen2.5-coder-14b+0.5b": ("qwen2.5-coder-14b", "qwen2.5-coder-0.5b"),
+    "qwen2.5-coder-32b+0.5b": ("qwen2.5-coder-32b", "qwen2.5-coder-0.5b"),
+    "qwen3-8b+0.6b": ("qwen3-8b", "qwen3-0.6b"),
+    "qwen3-14b+0.6b": ("qwen3-14b", "qwen3-0.6b"),
+    "llama3.1-8b+3.2-1b": ("llama3.1-8b", "llama3.2-1b"),
+    "gemma3-12b+270m": ("gemma3-12b", "gemma3-270m"),
+    "gemma3-27b+270m": ("gemma3-27b", "gemma3-270m"),
+}
+
+
+def test_shipped_pairs_users_ask_for_are_marked_unchecked() -> None:
+    registry = load_registry()
+    for name, (target, draft) in ASKED_FOR.items():
+        pair = registry.pair(name)
+        assert (pair.target, pair.draft) == (target, draft)
+    checked_here = {"qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "smollm2-135m", "gemma3-270m"}
+    for spec in registry.models.values():
+        if spec.name in checked_here:
+            assert spec.checked and spec.size and spec.sha256
+            continue
+        # Never a guessed size or hash: the hub's LFS sha256 is the check, and the description says so.
+        assert (spec.checked, spec.size, spec.sha256, spec.pack) == (False, None, None, None), spec.name
+        assert spec.hub_repo and (spec.hub_file is None) != (spec.hub_quant is None), spec.name
+        assert "not checked here" in (spec.description or ""), spec.name
+
+
 def test_locations_follow_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert cache_dir() == tmp_path / "cache"
     monkeypatch.delenv("EDGESPEC_CACHE")
