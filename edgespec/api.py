@@ -56,6 +56,8 @@ def _info(model: Model, name: str) -> ModelInfo:
 class Runtime:
     """A loaded target (+ optional draft model) and the engine that drives them."""
 
+    draft_choice: str | None = None  # with draft="auto": the one line saying which draft was chosen and why
+
     def __init__(
         self, engine: Engine, *, target_name: str | None = None, draft_name: str | None = None
     ) -> None:
@@ -185,8 +187,11 @@ def load(
 ) -> Runtime:
     """Resolve, check and load a target (and optional draft) model.
 
-    ``target``/``draft`` are paths or names from models.toml (fetched when missing). The GGUF headers
-    are checked and the two vocabularies compared *before* any weights load, so a bad pair fails in milliseconds.
+    ``target``/``draft`` are paths, names from models.toml (fetched when missing), ``hf:ORG/REPO[:QUANT]``
+    references or ids of models found on this machine (``edgespec models scan``); ``draft="auto"`` picks the best
+    compatible draft among the models here, or none (``Runtime.draft_choice`` says which and why). The GGUF
+    headers are checked and the two vocabularies compared *before* any weights load, so a bad pair fails in
+    milliseconds.
     ``n_gpu_layers``: layers of the target on the GPU, -1 all, 0 none; None (the default) offloads what fits the
     GPU's free memory, and is 0 on a build without GPU support. ``n_gpu_layers_draft`` likewise for the draft;
     None: what still fits after the target when the target's was None too, else the target's setting.
@@ -198,7 +203,14 @@ def load(
     from edgespec.models.registry import cache_dir, resolve_model
 
     target_path = resolve_model(str(target), progress=show_fetch_progress)
-    draft_path = resolve_model(str(draft), progress=show_fetch_progress) if draft is not None else None
+    draft_choice = None
+    if draft is not None and str(draft) == "auto":
+        from edgespec.models.drafts import choose_draft
+
+        chosen = choose_draft(target_path, target_name=None if Path(str(target)).exists() else str(target))
+        draft, draft_path, draft_choice = chosen.ref, chosen.path, chosen.line
+    else:
+        draft_path = resolve_model(str(draft), progress=show_fetch_progress) if draft is not None else None
     target_meta = preflight(target_path)
     if draft_path is not None:
         check_vocab_compatible(target_meta, preflight(draft_path))
@@ -246,8 +258,10 @@ def load(
         if draft_model is not None:
             draft_model.close()
         raise
-    return Runtime(
+    runtime = Runtime(
         engine,
         target_name=str(target) if not Path(str(target)).exists() else None,
         draft_name=(str(draft) if draft is not None and not Path(str(draft)).exists() else None),
     )
+    runtime.draft_choice = draft_choice
+    return runtime

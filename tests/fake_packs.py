@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from edgespec.models import fetch
+from edgespec.models import hub
 
 FAKE_NAME = "fake-model"
 FAKE_FILE = "fake-model.gguf"
@@ -82,7 +82,7 @@ def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     for proxy in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
         monkeypatch.delenv(proxy, raising=False)
-    monkeypatch.setattr(fetch, "_hub_unreachable_reason", {})
+    monkeypatch.setattr(hub, "_unreachable", {})
     return tmp_path
 
 

@@ -26,7 +26,7 @@ from fake_packs import (
 )
 
 from edgespec.errors import ModelNotFoundError
-from edgespec.models import fetch
+from edgespec.models import fetch, hub
 from edgespec.models.gguf import preflight
 from edgespec.models.registry import load_registry, model_dir, resolve_model
 
@@ -135,7 +135,7 @@ def test_wrong_file_on_hub_is_refused_then_packs_used(fake: FakePack, fake_hub: 
 
 def test_hf_hub_offline_is_respected(fake: FakePack, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(fetch.socket, "create_connection", lambda *a, **k: pytest.fail("network probed"))
+    monkeypatch.setattr(hub.socket, "create_connection", lambda *a, **k: pytest.fail("network probed"))
     assert resolve_model(FAKE_NAME, progress=False).read_bytes() == fake.data
 
 

@@ -117,6 +117,11 @@ def _models(opts: dict[str, Any], conversation) -> tuple[str, str | None, int | 
         chosen = resolve_pair(pair)
         target, hint = chosen.target, chosen.draft_len
         draft = draft if draft is not None else chosen.draft
+    if draft is None:  # a target named without --draft: its pair's draft, else the best one here
+        from edgespec.cli.common import default_draft
+
+        draft, pair_hint = default_draft(target)
+        hint = pair_hint or hint
     if draft is not None and draft.lower() == "none":
         draft = None
     draft_len = opts["draft_len"] if opts["draft_len"] is not None else hint
@@ -138,6 +143,8 @@ def _run_repl(load, params, store, conversation) -> None:
         return
     if sys.stderr.isatty():
         click.echo("\r\x1b[K", err=True, nl=False)
+    if runtime.draft_choice is not None:
+        click.echo(runtime.draft_choice, err=True)
     with runtime:
         code = run_repl(ChatSession(runtime, params, store, conversation))
     sys.exit(code)

@@ -77,8 +77,18 @@ def model_options(f: Callable) -> Callable:
     for decorator in reversed(
         [
             click.option("--pair", help="A target/draft pair from models.toml (default: the registry's default)."),
-            click.option("--target", "-m", help="Target model: a GGUF path or a models.toml name."),
-            click.option("--draft", "-d", help="Draft model: a GGUF path, a models.toml name, or 'none'."),
+            click.option(
+                "--target",
+                "-m",
+                help="Target model: a GGUF path, a models.toml name, hf:ORG/REPO[:QUANT] or an id from "
+                "`edgespec models scan`.",
+            ),
+            click.option(
+                "--draft",
+                "-d",
+                help="Draft model: a GGUF path, a models.toml name, hf:ORG/REPO[:QUANT], an id from `edgespec "
+                "models scan`, 'auto' (the best compatible one here) or 'none'. Default: the pair's draft, else auto.",
+            ),
             click.option("--n-ctx", default=4096, show_default=True, help="Context window in tokens."),
             click.option(
                 "--n-gpu-layers",
@@ -168,9 +178,20 @@ def pick_models(pair: str | None, target: str | None, draft: str | None) -> tupl
         draft_len_hint = chosen.draft_len
     elif pair is not None:
         raise click.UsageError("use either --pair or --target/--draft, not both")
+    elif draft is None:
+        draft, draft_len_hint = default_draft(target)
     if draft is not None and draft.lower() == "none":
         draft = None
     return target, draft, draft_len_hint
+
+
+def default_draft(target: str) -> tuple[str, Any]:
+    """The draft for a target named without --draft: its registry pair's draft (and draft length), else 'auto'."""
+    from edgespec.models.registry import load_registry
+
+    registry = load_registry()
+    pairs = sorted((p for p in registry.pairs.values() if p.target == target), key=lambda p: not p.default)
+    return (pairs[0].draft, pairs[0].draft_len) if pairs else ("auto", None)
 
 
 def load_options(opts: dict[str, Any]) -> dict[str, Any]:
@@ -219,6 +240,8 @@ def load_runtime(opts: dict[str, Any], *, quiet: bool = False):
     finally:
         for bar in bars.values():
             bar.close()
+    if runtime.draft_choice is not None:
+        click.echo(runtime.draft_choice, err=True)
     if not quiet:
         click.echo(describe_load(runtime), err=True)
     return runtime

@@ -64,6 +64,8 @@ def generate(prompt: str, as_chat: bool, as_json: bool, **opts: Any) -> None:
                                 "draft_placement": runtime.draft.placement if runtime.draft else None,
                                 "bit_exact": runtime.target.bit_exact,
                             },
+                            "target": runtime.target.path,
+                            "draft": runtime.draft.path if runtime.draft is not None else None,
                         }
                     )
                 )

@@ -74,6 +74,9 @@ class GGUFInfo:
     tokenizer_pre: str | None = None
     n_tensors: int = 0
     gguf_version: int = 3
+    n_params: int = 0  # sum of the tensors' element counts (of this file only, for a split model's part)
+    add_bos: bool | None = None  # tokenizer.ggml.add_bos_token; None when the file does not say
+    add_eos: bool | None = None  # tokenizer.ggml.add_eos_token
     _tokens: _ArrayRef | None = field(default=None, repr=False, compare=False)
     _token_types: _ArrayRef | None = field(default=None, repr=False, compare=False)
 
@@ -281,6 +284,7 @@ def _parse(path: Path, buf: mmap.mmap, size: int) -> GGUFInfo:
         raise _Corrupt(f"general.alignment is {alignment!r}, not a power of two")
 
     data_needed = 0
+    n_params = 0
     tensor_types: Counter[int] = Counter()
     for index in range(n_tensors):
         tname = r.text(f"tensor name #{index}")
@@ -299,6 +303,7 @@ def _parse(path: Path, buf: mmap.mmap, size: int) -> GGUFInfo:
         if n_elements % block:
             raise _Corrupt(f"tensor '{tname}' has {n_elements} elements, not a multiple of its block {block}")
         data_needed = max(data_needed, offset + n_elements // block * type_size)
+        n_params += n_elements
         if n_dims >= 2:
             tensor_types[ttype] += 1
     data_start = -(-r.pos // alignment) * alignment
@@ -332,6 +337,17 @@ def _parse(path: Path, buf: mmap.mmap, size: int) -> GGUFInfo:
         tokenizer_pre=_str(meta.get("tokenizer.ggml.pre")),
         n_tensors=n_tensors,
         gguf_version=version,
+        n_params=n_params,
+        add_bos=(
+            meta["tokenizer.ggml.add_bos_token"]
+            if isinstance(meta.get("tokenizer.ggml.add_bos_token"), bool)
+            else None
+        ),
+        add_eos=(
+            meta["tokenizer.ggml.add_eos_token"]
+            if isinstance(meta.get("tokenizer.ggml.add_eos_token"), bool)
+            else None
+        ),
         _tokens=tokens,
         _token_types=types,
     )
