@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgespec.errors import InvalidParameterError
+from edgespec.errors import InvalidParameterError, ModelError
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,8 @@ def warp(logits: np.ndarray, params: SamplingParams) -> Dist:
         ids = np.arange(logits.shape[0])
     x = logits[ids].astype(np.float64)
     x_max = float(x.max())
+    if not math.isfinite(x_max):  # NaN propagates through max(); -inf alone is a masked token, never the max
+        raise ModelError(f"the model computed {x_max} logits: its weights are damaged; download it again")
     # log of the temperature-1 softmax normaliser over the current candidates (what top-p's mass is measured in)
     log_z = x_max + math.log(float(np.exp(x - x_max).sum()))
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from stat_tools import fits
 
-from edgespec.errors import InvalidParameterError
+from edgespec.errors import InvalidParameterError, ModelError
 from edgespec.sampling import SamplingParams, densify, sample, warp
 
 
@@ -102,3 +102,15 @@ def test_invalid_parameters_are_rejected_with_a_clear_message(bad: dict, words: 
 
 def test_stop_accepts_a_single_string() -> None:
     assert SamplingParams(stop="\n\n").stop == ("\n\n",)
+
+
+@pytest.mark.parametrize("poison", [np.nan, np.inf])
+def test_logits_a_damaged_model_computes_are_a_model_error(poison: float) -> None:
+    """Mangled weights can make llama.cpp return NaN logits; sampling says so instead of failing on an empty set."""
+    logits = np.linspace(-2.0, 2.0, 100)
+    logits[7] = poison
+    with pytest.raises(ModelError, match=f"the model computed {poison} logits: its weights are damaged"):
+        warp(logits, SamplingParams())
+    masked = np.full(100, -np.inf)
+    masked[3] = 1.0  # -inf is a masked token, not damage
+    assert list(warp(masked, SamplingParams()).ids) == [3]
