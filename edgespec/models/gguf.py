@@ -76,6 +76,7 @@ class _ArrayRef:
     offset: int  # first element
     count: int
     etype: int
+    end: int  # one past the last element
 
 
 @dataclass(frozen=True)
@@ -184,13 +185,12 @@ class _Reader:
             raise Corrupt(f"{what} claims {count} items, more than the file could hold")
         if count * width > self.left:
             raise Truncated(f"{what} ({count} items) runs past the end of the file")
-        ref = _ArrayRef(self.pos, count, etype)
-        texts = None
+        start, texts = self.pos, None
         if etype == STRING:
             self.pos, texts = _walk_strings(self.buf, self.pos, count, self.size, what, collect_strings)
         else:
             self.pos += count * width
-        return ref, texts
+        return _ArrayRef(start, count, etype, self.pos), texts
 
 
 def _walk_strings(
@@ -519,6 +519,8 @@ def check_vocab_compatible(target: GGUFInfo, draft: GGUFInfo) -> None:
             f"target {t} has {target.n_vocab} tokens but draft {d} has {draft.n_vocab} "
             f"(more than {VOCAB_SIZE_MARGIN} apart); {advice}"
         )
+    if _token_bytes(target) == _token_bytes(draft):  # siblings: one vocabulary, byte for byte, compared in C
+        return
     t_texts, t_types = read_vocab(target)
     d_texts, d_types = read_vocab(draft)
     shared = min(len(t_texts), len(d_texts))
@@ -535,6 +537,21 @@ def check_vocab_compatible(target: GGUFInfo, draft: GGUFInfo) -> None:
             f"target {t} and draft {d} differ at token {i}: "
             f"{_show_token(t_texts[i])} vs {_show_token(d_texts[i])}; {advice}"
         )
+
+
+def _token_bytes(info: GGUFInfo) -> bytes:
+    """The raw bytes of a preflighted file's token array (lengths and texts), as stored."""
+    ref = info._tokens
+    if ref is None:
+        raise ModelError(f"{info.path}: no vocabulary recorded; run preflight() on the file first")
+    try:
+        with open(info.path, "rb") as f:
+            if os.fstat(f.fileno()).st_size != info.file_size:
+                raise ModelError(f"{info.path} changed since it was checked; run the command again")
+            f.seek(ref.offset)
+            return f.read(ref.end - ref.offset)
+    except OSError as exc:
+        raise ModelError(f"cannot read {info.path}: {exc.strerror or exc}") from None
 
 
 def _show_token(token: bytes) -> str:
