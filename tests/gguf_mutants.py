@@ -1,4 +1,4 @@
-"""Mutated GGUF models, and a runner that puts each one through `edgespec generate` in its own process.
+"""Mutated GGUF models, and a runner that puts each through `edgespec models info` and `generate` in its own process.
 
 The fuzz test (tests/test_gguf_fuzz.py) and the before/after measurement share this module:
 
@@ -12,7 +12,7 @@ Each mutant runs in a process forked from a runner that has imported edgespec an
 (llama.cpp's OpenMP pool does not survive a fork), so a load costs a fraction of a second instead of a Python
 start-up. The outcome of a run is one of:
 
-- ``loaded``: exit 0 (the model loaded and generated);
+- ``loaded``: exit 0 (the model loaded and generated; for `models info`: it printed the facts);
 - ``clean``: exit 1 with nothing but one ``error: ...`` line on stderr;
 - ``noisy``: exit 1 with ``error: ...`` plus other output (log lines, a stray message);
 - ``crash``: anything else: a traceback, another exit status, a signal, a hang.
@@ -89,7 +89,7 @@ class Entry:
     etype: Field | None = None  # arrays only
     count: Field | None = None
     items: list[Span] = field(default_factory=list)  # the elements of a string array
-    item_fields: list[Field] = field(default_factory=list)  # the first elements of a scalar array
+    scalar_items: tuple[int, str] | None = None  # a scalar array: offset of its first item, struct format
 
 
 @dataclass
@@ -174,12 +174,10 @@ def read_layout(path: Path) -> Layout:
             et = int(entry.etype.value)
             if et == _STRING:
                 entry.items = [w.span(f"{key_text}[{i}]") for i in range(int(entry.count.value))]
-            else:
+            else:  # a scalar array (token types, scores): where its items start, to mutate any of them
                 fmt = _SCALAR_FORMATS[et]
-                width = struct.calcsize("<" + fmt)
-                for i in range(min(int(entry.count.value), 64)):
-                    entry.item_fields.append(Field(w.pos + i * width, fmt, 0, f"{key_text}[{i}]"))
-                w.pos += width * int(entry.count.value)
+                entry.scalar_items = (w.pos, fmt)
+                w.pos += struct.calcsize("<" + fmt) * int(entry.count.value)
         else:
             entry.scalar = w.field(_SCALAR_FORMATS[t], key_text)
             if key_text == "general.alignment":
@@ -322,8 +320,17 @@ class _Builder:
         return self._set(s.length, _special_for(s.length, self.rng))
 
     def scalar_value(self):
-        e = self.rng.choice(self.scalars)
-        return self._set(e.scalar, _special_for(e.scalar, self.rng))
+        """A metadata number: a scalar (hyperparameters, flags) or an item of an array (token types, scores)."""
+        arrays = [e for e in self.arrays if e.scalar_items and e.count.value]
+        if arrays and self.rng.random() < 0.3:
+            e = self.rng.choice(arrays)
+            start, fmt = e.scalar_items
+            i = self.rng.randrange(int(e.count.value))
+            at = start + i * struct.calcsize("<" + fmt)
+            f = Field(at, fmt, struct.unpack_from("<" + fmt, self.head, at)[0], f"{e.key_text}[{i}]")
+        else:
+            f = self.rng.choice(self.scalars).scalar
+        return self._set(f, _special_for(f, self.rng))
 
     def special_id(self):
         if not self.special_ids:
