@@ -299,7 +299,8 @@ def craft(
         blob += enc_str(key) + struct.pack("<I", vtype) + enc_value(vtype, value)
     end = 0
     for t in tensors:
-        n_bytes = 4 * int(np.prod(t["dims"])) if t["type"] == F32_TYPE else 18 * int(np.prod(t["dims"])) // 32
+        block, type_size = _type_size(t["type"])
+        n_bytes = int(np.prod(t["dims"])) // block * type_size
         offset = end if t["offset"] is None else t["offset"]
         end = -(-(offset + n_bytes) // alignment) * alignment
         name = t["name"].encode() if isinstance(t["name"], str) else t["name"]
@@ -308,6 +309,14 @@ def craft(
     blob += bytes(-len(blob) % alignment) + bytes(end if data_bytes is None else data_bytes)
     path.write_bytes(bytes(blob))
     return path
+
+
+def _type_size(ggml_type: int) -> tuple[int, int]:
+    """(elements per block, bytes per block) of a ggml type; an unknown type (testing the rule on it) gets F32's."""
+    try:
+        return gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ggml_type)]
+    except ValueError:
+        return 1, 4
 
 
 def rejection(path: Path) -> str:
@@ -417,6 +426,18 @@ def _with(index: int, **changes) -> list[dict]:
 def test_tensor_directory(crafted, tensors: list[dict], expected: str) -> None:
     message = rejection(crafted(tensors=tensors))
     assert "corrupt GGUF" in message and expected in message, message
+
+
+@pytest.mark.parametrize(("ggml_type", "name"), [(26, "I32"), (24, "I8")])
+def test_integer_weights_in_a_known_architecture(crafted, ggml_type: int, name: str) -> None:
+    """I32 has F32's size, so a mangled type code moves no offset; llama.cpp loads it and aborts in its kernels."""
+    dims = [8] if ggml_type == 26 else [32]  # 32 bytes either way
+    message = rejection(crafted(tensors=_with(1, type=ggml_type, dims=dims)))
+    assert f"tensor 'output_norm.weight' has type {name}; a llama model's weights are floats or quantized" in message
+    generic = {"general.architecture": (STR, "mamba")}
+    generic |= {k.replace("llama.", "mamba."): v for k, v in base_metadata().items() if k.startswith("llama.")}
+    generic |= {k: None for k in base_metadata() if k.startswith("llama.")}
+    assert preflight(crafted(change=generic, tensors=_with(1, type=ggml_type, dims=dims))).architecture == "mamba"
 
 
 def test_data_section_inside_the_file(crafted) -> None:

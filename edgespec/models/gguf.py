@@ -8,8 +8,9 @@ abort (SIGABRT) that takes the whole process down. This module rejects all of th
 - the container: every count and length within the bytes left in the file, known value types, no nested arrays,
   unique non-empty keys (llama.cpp's own limits included: 2^30 items, 63-byte tensor names);
 - the tensor directory: unique names, 1-4 dimensions each at least 1, element counts and byte sizes that do not
-  overflow, known ggml types, offsets aligned and packed in file order the way llama.cpp lays them out (so none
-  overlap), and a data section that lies inside the file;
+  overflow, known ggml types (and, for the architectures edgespec knows, no integer types where weights belong),
+  offsets aligned and packed in file order the way llama.cpp lays them out (so none overlap), and a data section
+  that lies inside the file;
 - what llama.cpp requires of the metadata (:mod:`edgespec.models.gguf_rules`): the architecture's keys present
   with the types llama.cpp reads, values its asserts need, vocabulary arrays of one length, unique token texts,
   special-token ids inside the vocabulary.
@@ -42,6 +43,7 @@ from edgespec.models.gguf_rules import (
     Meta,
     Truncated,
     check_metadata,
+    check_tensor_types,
     show,
 )
 
@@ -276,8 +278,9 @@ def _parse(path: Path, buf: mmap.mmap, size: int) -> GGUFInfo:
     tensors = _read_tensor_infos(r, n_tensors, alignment)
     _check_data_section(r, tensors, alignment)
     check_metadata(meta, token_texts)
-
     arch = meta.str("general.architecture")
+    check_tensor_types(arch, ((t.name, t.ggml_type) for t in tensors))
+
     tokens = meta.value("tokenizer.ggml.tokens")
     types = meta.value("tokenizer.ggml.token_type")  # checked: absent or one int32 per token
     template = meta.str("tokenizer.chat_template") or None

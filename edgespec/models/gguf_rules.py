@@ -12,7 +12,7 @@ Each broken rule raises :class:`Corrupt` with a message that starts with the fie
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 # GGUF value types (gguf_type in ggml's gguf.h) and the names llama.cpp's messages use for them.
@@ -235,6 +235,26 @@ def _check_experts(meta: Meta, key: Callable[[str], str]) -> None:
             f"is {groups}: it must divide the {n_expert} experts and exceed expert_group_used_count "
             f"({groups_used}, at least 1)",
         )
+
+
+# ---------------------------------------------------------------------------------------------- tensor types
+
+# ggml types a transformer's weights never have: llama.cpp loads a norm or a projection of one of these and then
+# aborts when its CPU kernels meet it ("binary_op: unsupported types"). F32 and I32 (and F16 and I16) have the same
+# size, so a mangled type code can swap them without moving any offset.
+_NOT_WEIGHT_TYPES = {24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64"}
+
+
+def check_tensor_types(arch: str, tensors: Iterable[tuple[str, int]]) -> None:
+    """For the architectures edgespec knows, every tensor is a float or quantized weight: (name, ggml type) pairs."""
+    if arch not in _REQUIRED_BY_ARCH:
+        return  # another architecture may keep integer tensors; llama.cpp's loader is its judge
+    for name, ggml_type in tensors:
+        if ggml_type in _NOT_WEIGHT_TYPES:
+            raise Corrupt(
+                f"tensor {show(name)} has type {_NOT_WEIGHT_TYPES[ggml_type]}; a {arch} model's weights are floats "
+                "or quantized (llama.cpp would abort computing with it)"
+            )
 
 
 # ---------------------------------------------------------------------------------------------- vocabulary
