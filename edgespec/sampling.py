@@ -28,7 +28,7 @@ from typing import Literal
 
 import numpy as np
 
-from edgespec.errors import InvalidParameterError
+from edgespec.errors import InvalidParameterError, ModelError
 
 
 @dataclass(frozen=True)
@@ -216,6 +216,8 @@ def _warp_full_row(logits: np.ndarray, params: SamplingParams) -> Dists:
     """One whole row with no top-k (the ``LOGITS`` path): filter by min-p before sorting 150k logits."""
     x = logits.astype(np.float64)
     x_max = float(x.max())
+    if not math.isfinite(x_max):  # NaN propagates through max(); -inf alone is a masked token, never the max
+        _damaged(x_max)
     # top-p's mass is measured over every candidate, so its normaliser comes before the min-p filter.
     log_z = x_max + math.log(float(np.exp(x - x_max).sum()))
     ids = np.flatnonzero(x >= x_max + math.log(params.min_p)) if params.min_p > 0 else np.arange(x.shape[0])
@@ -237,6 +239,8 @@ def _warp_candidates(
     order = (-x).argsort(axis=1, kind="stable")
     each_row = np.arange(x.shape[0])[:, None]
     ids, x = ids[each_row, order].astype(np.int64, copy=False), x[each_row, order]
+    if not (np.isfinite(x[:, 0]).all() and not np.isnan(x[:, -1]).any()):  # sorted: NaN last, +inf first
+        _damaged(np.nan if np.isnan(x).any() else np.inf)
     x_max = x[:, :1]  # [R, 1] each row's largest logit
     rel = np.exp(x - x_max)  # [R, m] temperature-1 weights relative to the mode
     keep = np.ones(x.shape, dtype=bool)
@@ -260,6 +264,8 @@ def _warp_one(ids: np.ndarray, logits: np.ndarray, params: SamplingParams) -> Di
     rules, with the kept prefix found by a search instead of masks (half the numpy calls)."""
     order = (-logits).argsort(kind="stable")
     x = logits[order].astype(np.float64)
+    if not math.isfinite(x[0]) or math.isnan(x[-1]):  # sorted: NaN last, +inf first; -inf is a masked token
+        _damaged(x[-1] if math.isnan(x[-1]) else x[0])
     x -= x[0]  # relative to the mode: x_i <= 0
     n = x.shape[0]
     if params.min_p > 0:  # x_i >= ln(min_p), a prefix of the sorted order
@@ -272,6 +278,11 @@ def _warp_one(ids: np.ndarray, logits: np.ndarray, params: SamplingParams) -> Di
     kept = np.exp(x[:n] / params.temperature) if params.temperature != 1 or params.top_p == 1 else rel[:n]
     probs[:n] = kept / kept.sum()
     return Dists(ids[order].astype(np.int64, copy=False)[None, :], probs[None, :])
+
+
+def _damaged(value: float) -> None:
+    # Mangled weights can make llama.cpp compute NaN or infinite logits: say so rather than sample from nonsense.
+    raise ModelError(f"the model computed {value} logits: its weights are damaged; download it again")
 
 
 def sample(dist: Dists, rng: np.random.Generator, row: int = 0) -> int:

@@ -76,3 +76,9 @@ def tiny_requantized_path(tiny_model_path: Path, tmp_path_factory: pytest.TempPa
     )
     assert rc == 0, f"llama_model_quantize failed with {rc}"
     return out
+
+
+@pytest.fixture(scope="session")
+def gemma_model_path() -> Path:
+    """Gemma 3 270M Q4_K_M (253 MB, 262,144-token SentencePiece vocabulary): another architecture and tokenizer."""
+    return _model("gemma3-270m")

@@ -26,12 +26,14 @@ class FakePack:
     links: Path  # directory of wheels for PIP_FIND_LINKS
 
 
-def build_wheel(directory: Path, package: str, version: str, files: dict[str, bytes]) -> Path:
+def build_wheel(
+    directory: Path, package: str, version: str, files: dict[str, bytes], compression: int = zipfile.ZIP_STORED
+) -> Path:
     """A minimal valid wheel (pip checks the name and version in METADATA against the file name)."""
     dist = package.replace("-", "_")
     info = f"{dist}-{version}.dist-info"
     wheel = directory / f"{dist}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as archive:
+    with zipfile.ZipFile(wheel, "w", compression=compression) as archive:
         for name, data in files.items():
             archive.writestr(name, data)
         archive.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n")

@@ -44,7 +44,15 @@ def model(
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_name(name)
     writer.add_file_type(int(FTYPES[quant]))
+    # What llama.cpp requires of a llama model (the preflight checks it)
+    writer.add_context_length(64)
+    writer.add_embedding_length(8)
+    writer.add_block_count(1)
+    writer.add_head_count(1)
+    writer.add_layer_norm_rms_eps(1e-5)
     writer.add_tokenizer_model(tokenizer)
+    if tokenizer == "gpt2":
+        writer.add_token_merges(["t o"])
     if pre is not None:
         writer.add_tokenizer_pre(pre)
     writer.add_token_list(tokens)
@@ -119,7 +127,7 @@ def test_ranking_prefers_small_same_family_good_quants(tmp_path: Path) -> None:
     drafts = {
         "fam-q4": dict(name="Foo Coder 1B", rows=1200, quant="Q4_K_M"),  # 12,800: 20 %
         "fam-q8": dict(name="Foo Coder 1B", rows=1200, quant="Q8_0"),  # the same weights, better quant
-        "fam-q2": dict(name="Foo Coder 0.2B", rows=0, quant="Q2_K"),  # smallest, but 2-bit
+        "fam-q2": dict(name="Foo Coder 0.2B", rows=1, quant="Q2_K"),  # smallest, but 2-bit
         "other": dict(name="Bar 0.5B", rows=400, quant="Q8_0"),  # 6,400: smaller, another family
         "fam-40": dict(name="Foo Coder 3B", rows=2800, quant="Q4_K_M"),  # 25,600: 40 %, above the 1/4 aim
         "fam-60": dict(name="Foo Coder 4B", rows=4400, quant="Q4_K_M"),  # 38,400: 60 %, too big

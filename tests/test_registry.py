@@ -222,6 +222,51 @@ def test_scan_folders_expand_home_variables_and_relative_paths(
     assert load_registry().scan_folders == (tmp_path / "home" / "gguf", Path("/srv/models/big"), tmp_path / "local")
 
 
+@pytest.mark.parametrize(
+    ("text", "fragments"),
+    [
+        ('[models.".."]\nrole = "t"\n', ['models.".."', "must not start with '.'"]),
+        ('[models."a/b"]\nrole = "t"\n', ['models."a/b"', "hold '/'"]),
+        (GOOD_MODEL.format(sha="a" * 64).replace('hub_file = "mine.gguf"', 'hub_file = "mi\\u0000ne.gguf"'),
+         ["models.mine.hub_file", "no NUL"]),  # fmt: skip
+        (
+            GOOD_MODEL.format(sha="a" * 64) + '[models.mine.pack]\npackage = "p{n}"\nversion = "1"\n'
+            'parts = 1000000000\nmember = "m{n}"\n',
+            ["models.mine.pack.parts", "at most 999"],
+        ),
+        ("models = 3\n", ["models", "expected tables like [models.NAME]"]),
+        ("[models]\nmine = 'x'\n", ["models.mine", "expected a table"]),
+        ("x = " + "[" * 50_000 + "]" * 50_000 + "\n", ["invalid TOML", "nested too deep"]),
+    ],
+)
+def test_damaged_user_files_are_errors_not_tracebacks(isolated: Path, text: str, fragments: list[str]) -> None:
+    isolated.write_text(text)
+    with pytest.raises(RegistryError) as exc:
+        load_registry()
+    message = str(exc.value)
+    assert message.startswith(str(isolated)) and "\n" not in message, message
+    for fragment in fragments:
+        assert fragment in message, message
+
+
+def test_an_empty_user_file_adds_nothing(isolated: Path) -> None:
+    isolated.write_text("")
+    assert load_registry().models == load_registry(isolated.with_name("absent.toml")).models
+
+
+@pytest.mark.parametrize("kind", ["not utf-8", "a directory"])
+def test_an_unreadable_user_file_is_an_error(isolated: Path, kind: str) -> None:
+    if kind == "a directory":
+        isolated.mkdir()
+    else:
+        isolated.write_bytes(b'[models.mine]\nrole = "\xff"\n')
+    with pytest.raises(RegistryError) as exc:
+        load_registry()
+    message = str(exc.value)
+    assert message.startswith(f"{isolated}: cannot read: ") and "\n" not in message
+    assert ("directory" in message) if kind == "a directory" else ("utf-8" in message)
+
+
 def test_two_defaults_in_one_file_are_refused(isolated: Path) -> None:
     pair = '[pairs.{n}]\ntarget = "qwen2.5-coder-1.5b"\ndraft = "qwen2.5-coder-0.5b"\ndefault = true\n'
     isolated.write_text(pair.format(n="a") + pair.format(n="b"))

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from stat_tools import fits
 
-from edgespec.errors import InvalidParameterError
+from edgespec.errors import InvalidParameterError, ModelError
 from edgespec.sampling import (
     ARGMAX,
     LOGITS,
@@ -179,3 +179,25 @@ def test_invalid_parameters_are_rejected_with_a_clear_message(bad: dict, words: 
 
 def test_stop_accepts_a_single_string() -> None:
     assert SamplingParams(stop="\n\n").stop == ("\n\n",)
+
+
+@pytest.mark.parametrize("poison", [np.nan, np.inf])
+def test_logits_a_damaged_model_computes_are_a_model_error(poison: float) -> None:
+    """Mangled weights can make llama.cpp return NaN logits; sampling says so instead of failing on an empty set."""
+    logits = np.linspace(-2.0, 2.0, 100)
+    logits[7] = poison
+    rows = np.stack([np.linspace(-1.0, 1.0, 100), logits])
+    damaged = f"the model computed {poison} logits: its weights are damaged"
+    for scores, params in [
+        (logits, SamplingParams()),  # one row, top-k in numpy
+        (logits, SamplingParams(top_k=0)),  # one whole row
+        (rows, SamplingParams()),  # several rows (a verify)
+        (shuffled_top_k(logits[None, :], 100), SamplingParams(top_k=100)),  # candidates from llama.cpp
+    ]:
+        with pytest.raises(ModelError, match=damaged):
+            warp(scores, params)
+    masked = np.full(100, -np.inf)
+    masked[3] = 1.0  # -inf is a masked token, not damage
+    for params in (SamplingParams(), SamplingParams(top_k=0)):
+        d = warp(masked, params)
+        assert list(d.ids[0][d.probs[0] > 0]) == [3]

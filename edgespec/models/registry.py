@@ -40,6 +40,8 @@ __all__ = [
 ]
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+_MODEL_NAME = re.compile(r"[^./\\\x00-\x1f][^/\\\x00-\x1f]*")
+_MAX_PARTS = 999  # PyPI packs split a model into at most a few dozen wheels; more means a typo
 
 
 # ---------------------------------------------------------------------------------------------- locations
@@ -208,16 +210,19 @@ def _parse_toml(text: str, path: str) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as exc:
         # The decoder's message already ends in "(at line L, column C)".
         raise RegistryError(f"{path}: invalid TOML: {exc}") from None
+    except RecursionError:  # tomllib recurses into nested arrays and inline tables
+        raise RegistryError(f"{path}: invalid TOML: arrays or tables nested too deep") from None
 
 
 def _check_type(where: _Where, table: tuple[str, ...], key: str, value: Any, kind: str) -> None:
     ok = {
-        "str": isinstance(value, str) and value != "",
+        # No NUL: these strings become file names and paths, which cannot hold one.
+        "str": isinstance(value, str) and value != "" and "\x00" not in value,
         "posint": isinstance(value, int) and not isinstance(value, bool) and value > 0,
         "bool": isinstance(value, bool),
     }[kind]
     if not ok:
-        wanted = {"str": "a non-empty string", "posint": "a positive integer", "bool": "true or false"}[kind]
+        wanted = {"str": "a non-empty string (no NUL)", "posint": "a positive integer", "bool": "true or false"}[kind]
         raise where.error(table, key, f"expected {wanted}, got {value!r}")
 
 
@@ -233,6 +238,8 @@ def _parse_pack(where: _Where, table: tuple[str, ...], raw: Any) -> PackRecipe:
         _check_type(where, table, key, raw[key], "str")
     parts = raw.get("parts", 1)
     _check_type(where, table, "parts", parts, "posint")
+    if parts > _MAX_PARTS:
+        raise where.error(table, "parts", f"{parts} parts; at most {_MAX_PARTS}")
     packages, members = [], []
     for n in range(1, parts + 1):
         for key, out in (("package", packages), ("member", members)):
@@ -251,6 +258,8 @@ def _parse_pack(where: _Where, table: tuple[str, ...], raw: Any) -> PackRecipe:
 
 def _parse_model(where: _Where, name: str, raw: Any) -> ModelSpec:
     table = ("models", name)
+    if not _MODEL_NAME.fullmatch(name):  # the name is a folder of the cache, which `models rm` deletes
+        raise where.error(table, None, "a model name must not start with '.' or hold '/', '\\' or control characters")
     if not isinstance(raw, dict):
         raise where.error(table, None, "expected a table")
     for key in raw:
@@ -423,7 +432,7 @@ def load_registry(user_file: Path | None = None) -> Registry:
     where: _Where | None = None
     user_pairs: dict[str, Pair] = {}
     folders: tuple[Path, ...] = ()
-    if user_path.is_file():
+    if user_path.exists():  # a directory there is an error to report, not a file to pass over
         try:
             text = user_path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
