@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from functools import cache
 
 import numpy as np
@@ -235,6 +236,17 @@ def test_backend_sampled_speculation_samples_the_targets_warped_distribution(
     assert not ok, f"the test cannot tell the warp's order apart: {why}"
     for m in (target, draft, reference):
         m.close()
+
+
+def test_a_seed_reproduces_sampling_on_the_backend_path(tiny_model_path, tiny_requantized_path) -> None:
+    runtime = load(tiny_model_path, tiny_requantized_path, n_ctx=512, draft_len=3, lookup=False)
+    params = SamplingParams(temperature=0.8, seed=1234, max_tokens=24)
+    first = runtime.generate("Once upon a time", params)
+    assert first.stats.sampling_path == "top-40 in llama.cpp, rest numpy" and first.stats.drafted > 0
+    assert runtime.generate("Once upon a time", params).tokens == first.tokens
+    others = {runtime.generate("Once upon a time", replace(params, seed=s)).tokens for s in range(5)}
+    assert len(others) > 1  # the seed matters: different seeds, different samples
+    runtime.close()
 
 
 def test_cancel_mid_generation_then_a_correct_second_request(tiny_model_path) -> None:
