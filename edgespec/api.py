@@ -19,7 +19,7 @@ from edgespec.drafters.costs import CostCache
 from edgespec.engine import Engine
 from edgespec.errors import EdgespecError, InvalidParameterError
 from edgespec.events import Chunk, Event, Finished
-from edgespec.models.backend import Model, gpu_offload_supported
+from edgespec.models.backend import Model, auto_gpu_layers, gpu_offload_supported
 from edgespec.models.chat_template import render
 from edgespec.sampling import SamplingParams
 
@@ -34,8 +34,10 @@ class ModelInfo:
     path: str
     description: str  # llama.cpp's "arch size quant", e.g. "qwen2 1.5B Q4_K - Medium"
     n_ctx: int
-    n_gpu_layers: int  # as asked; 0 = CPU
+    n_gpu_layers: int  # as loaded (auto resolved); -1 = all, 0 = CPU
     on_gpu: bool  # layers offloaded and the build supports it
+    placement: str  # "CPU", or the GPU and how many layers are on it
+    bit_exact: bool = False  # loaded without weight repacking (see edgespec.models.backend.Model)
 
 
 def _info(model: Model, name: str) -> ModelInfo:
@@ -46,11 +48,15 @@ def _info(model: Model, name: str) -> ModelInfo:
         n_ctx=model.n_ctx,
         n_gpu_layers=model.n_gpu_layers,
         on_gpu=model.n_gpu_layers != 0 and gpu_offload_supported(),
+        placement=model.placement,
+        bit_exact=model.bit_exact,
     )
 
 
 class Runtime:
     """A loaded target (+ optional draft model) and the engine that drives them."""
+
+    draft_choice: str | None = None  # with draft="auto": the one line saying which draft was chosen and why
 
     def __init__(
         self, engine: Engine, *, target_name: str | None = None, draft_name: str | None = None
@@ -185,26 +191,42 @@ def load(
     draft: str | Path | None = None,
     *,
     n_ctx: int = 4096,
-    n_gpu_layers: int = 0,
+    n_gpu_layers: int | None = None,
     n_gpu_layers_draft: int | None = None,
     n_threads: int | None = None,
     draft_len: int | str = "auto",
     lookup: bool = True,
     p_min: float = 0.0,
+    bit_exact: bool = False,
     progress: LoadProgress | None = None,
     show_fetch_progress: bool = True,
 ) -> Runtime:
     """Resolve, check and load a target (and optional draft) model.
 
-    ``target``/``draft`` are paths or names from models.toml (fetched when missing). The GGUF headers
-    are checked and the two vocabularies compared *before* any weights load, so a bad pair fails in milliseconds.
-    ``n_gpu_layers_draft`` defaults to ``n_gpu_layers``. ``progress(stage, fraction)`` reports loading.
+    ``target``/``draft`` are paths, names from models.toml (fetched when missing), ``hf:ORG/REPO[:QUANT]``
+    references or ids of models found on this machine (``edgespec models scan``); ``draft="auto"`` picks the best
+    compatible draft among the models here, or none (``Runtime.draft_choice`` says which and why). The GGUF
+    headers are checked and the two vocabularies compared *before* any weights load, so a bad pair fails in
+    milliseconds.
+    ``n_gpu_layers``: layers of the target on the GPU, -1 all, 0 none; None (the default) offloads what fits the
+    GPU's free memory, and is 0 on a build without GPU support. ``n_gpu_layers_draft`` likewise for the draft;
+    None: what still fits after the target when the target's was None too, else the target's setting.
+    ``bit_exact``: load the target so that greedy speculation is token-identical to plain decoding (no CPU weight
+    repacking; slower, see :class:`~edgespec.models.backend.Model`).
+    ``progress(stage, fraction)`` reports loading.
     """
     from edgespec.models.gguf import check_vocab_compatible, preflight
     from edgespec.models.registry import cache_dir, resolve_model
 
     target_path = resolve_model(str(target), progress=show_fetch_progress)
-    draft_path = resolve_model(str(draft), progress=show_fetch_progress) if draft is not None else None
+    draft_choice = None
+    if draft is not None and str(draft) == "auto":
+        from edgespec.models.drafts import choose_draft
+
+        chosen = choose_draft(target_path, target_name=None if Path(str(target)).exists() else str(target))
+        draft, draft_path, draft_choice = chosen.ref, chosen.path, chosen.line
+    else:
+        draft_path = resolve_model(str(draft), progress=show_fetch_progress) if draft is not None else None
     target_meta = preflight(target_path)
     if draft_path is not None:
         check_vocab_compatible(target_meta, preflight(draft_path))
@@ -212,16 +234,30 @@ def load(
     def stage(name: str) -> Callable[[float], None] | None:
         return (lambda f: progress(name, f)) if progress is not None else None
 
+    if n_gpu_layers is None:
+        # Both placed together, the target first; a draft given explicitly keeps its own setting.
+        fitted = auto_gpu_layers([(p, n_ctx) for p in (target_path, draft_path) if p is not None])
+        n_gpu_layers = fitted[0]
+        if n_gpu_layers_draft is None:
+            n_gpu_layers_draft = fitted[-1]
+    elif n_gpu_layers_draft is None:
+        n_gpu_layers_draft = n_gpu_layers
     target_model = Model(
-        target_path, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, n_threads=n_threads, progress=stage("target")
+        target_path,
+        n_ctx=n_ctx,
+        n_gpu_layers=n_gpu_layers,
+        n_threads=n_threads,
+        bit_exact=bit_exact,
+        progress=stage("target"),
     )
     draft_model = None
     try:
         if draft_path is not None:
+            # The draft only proposes, so its kernels do not matter for bit-exactness: it keeps repacking.
             draft_model = Model(
                 draft_path,
                 n_ctx=n_ctx,
-                n_gpu_layers=n_gpu_layers if n_gpu_layers_draft is None else n_gpu_layers_draft,
+                n_gpu_layers=n_gpu_layers_draft,
                 n_threads=n_threads,
                 progress=stage("draft"),
             )
@@ -238,8 +274,10 @@ def load(
         if draft_model is not None:
             draft_model.close()
         raise
-    return Runtime(
+    runtime = Runtime(
         engine,
         target_name=str(target) if not Path(str(target)).exists() else None,
         draft_name=(str(draft) if draft is not None and not Path(str(draft)).exists() else None),
     )
+    runtime.draft_choice = draft_choice
+    return runtime

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgespec.errors import EdgespecError
+from edgespec.sampling import ARGMAX, Readout
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -133,7 +134,7 @@ class RunRecord:
     decode_tokens: int  # tokens the decode time covers (peers: the first token comes with their prefill)
     t_prefill: float
     t_decode: float
-    t_other: float | None  # the engine's unaccounted loop time (Python overhead); unknown for peers
+    t_outside: float | None  # decode time spent outside llama.cpp (the Python loop); unknown for peers
     rounds: int  # target decodes after the prompt
     drafted: int
     accepted: int
@@ -141,6 +142,7 @@ class RunRecord:
     text: str
     token_times: list[float] = field(default_factory=list)  # seconds per token, one entry per decode token
     ceiling: float | None = None  # plain only: the lookup ceiling's speedup on this output (see lookup_ceiling)
+    sampling_path: str | None = None  # where the target's rows were sampled (engine runs)
 
 
 def _spread(times: list[float], dt: float, n: int) -> None:
@@ -169,7 +171,7 @@ def measure_engine(engine: Engine, prompt: Sequence[int], params: SamplingParams
         decode_tokens=s.generated,
         t_prefill=s.t_prefill,
         t_decode=s.t_decode,
-        t_other=s.t_other,
+        t_outside=s.t_outside,
         rounds=s.rounds,
         drafted=s.drafted,
         accepted=s.accepted,
@@ -177,6 +179,7 @@ def measure_engine(engine: Engine, prompt: Sequence[int], params: SamplingParams
         text=done.text,
         token_times=times,
         tokens=list(done.tokens),
+        sampling_path=s.sampling_path,
     )
 
 
@@ -266,7 +269,7 @@ class Peer:
             decode_tokens=len(stamps) - 1,
             t_prefill=stamps[0][0] - t0,
             t_decode=stamps[-1][0] - stamps[0][0],
-            t_other=None,
+            t_outside=None,
             rounds=rounds,
             drafted=(self.drafter.drafted - drafted0) if self.drafter else 0,
             accepted=accepted,
@@ -442,6 +445,7 @@ def _config(
         "ceiling_max_gamma": max_gamma,
         "n_threads": target.n_threads,
         "n_gpu_layers": target.n_gpu_layers,
+        "bit_exact": getattr(target, "bit_exact", False),
         "machine": platform.machine(),
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
@@ -462,7 +466,7 @@ class Summary:
     speedup: float | None  # tokens_per_second / plain's on the same prompts; None without a plain row
     p50_ms: float | None  # per-token time percentiles over every decode token of every prompt
     p95_ms: float | None
-    overhead_share: float | None  # Σ t_other / Σ t_decode: the loop's own (Python) time; None for peers
+    outside_ms: float | None  # Σ t_outside / Σ generated: the loop's own (Python) ms per token; None for peers
     same_as_plain: int | None  # greedy only: prompts whose output text equals plain's
     ceiling: float | None = None  # plain only: pooled speedup of the best possible lookup schedule (greedy)
 
@@ -484,7 +488,7 @@ def _summary(runs: list[RunRecord], plain_rate: float | None, plain_text: dict[s
     t_decode = sum(r.t_decode for r in runs)
     rate = sum(r.decode_tokens for r in runs) / t_decode if t_decode > 0 else 0.0
     times = [t for r in runs for t in r.token_times]
-    other = [r.t_other for r in runs]
+    outside = [r.t_outside for r in runs]
     p50, p95 = percentile(times, 50), percentile(times, 95)
     return Summary(
         runs=len(runs),
@@ -496,8 +500,10 @@ def _summary(runs: list[RunRecord], plain_rate: float | None, plain_text: dict[s
         speedup=rate / plain_rate if plain_rate else None,
         p50_ms=p50 * 1e3 if p50 is not None else None,
         p95_ms=p95 * 1e3 if p95 is not None else None,
-        overhead_share=(
-            sum(o for o in other if o is not None) / t_decode if t_decode > 0 and None not in other else None
+        outside_ms=(
+            1e3 * sum(o for o in outside if o is not None) / sum(r.generated for r in runs)
+            if runs and None not in outside and any(r.generated for r in runs)
+            else None
         ),
         same_as_plain=sum(plain_text.get(r.prompt) == r.text for r in runs) if plain_text is not None else None,
         ceiling=(
@@ -537,6 +543,11 @@ def overall_speedup(summaries: dict[str, dict[str, Summary]]) -> dict[str, float
     return out
 
 
+def sampling_paths(records: Sequence[RunRecord]) -> list[str]:
+    """The sampling paths the engine runs took, in order of first use."""
+    return list(dict.fromkeys(r.sampling_path for r in records if r.sampling_path))
+
+
 # ----- text output ------------------------------------------------------------------------------------------
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """Columns padded to their widest cell; the first column left-aligned, the rest right-aligned."""
@@ -558,7 +569,7 @@ def render_report(result: BenchResult) -> str:
     summaries = result.summaries()
     cfg = result.config
     parts = []
-    headers = ["strategy", "accept", "tok/verify", "tok/s", "speedup", "p50 ms/tok", "p95 ms/tok", "overhead"]
+    headers = ["strategy", "accept", "tok/verify", "tok/s", "speedup", "p50 ms/tok", "p95 ms/tok", "outside ms/tok"]
     greedy = cfg.get("temperature", 0) == 0
     if greedy:
         headers.append("=plain")
@@ -573,7 +584,7 @@ def render_report(result: BenchResult) -> str:
                 _fmt(v.speedup, ".2f", "x"),
                 _fmt(v.p50_ms, ".1f"),
                 _fmt(v.p95_ms, ".1f"),
-                _fmt(v.overhead_share, ".1%"),
+                _fmt(v.outside_ms, ".3f"),
             ]
             if greedy:
                 cells.append(f"{v.same_as_plain}/{v.runs}")
@@ -606,6 +617,9 @@ def render_report(result: BenchResult) -> str:
     notes = [
         f"target {Path(cfg['target']).name}, draft {draft}, temperature {cfg['temperature']}, "
         f"{cfg['n_threads']} threads, lookup γ={cfg['lookup_len']}"
+        + (", bit-exact" if cfg.get("bit_exact") else ""),
+        f"sampling: {', '.join(paths) if (paths := sampling_paths(result.records)) else '-'}; outside ms/tok: the "
+        "decode time per committed token spent outside llama.cpp's forward passes (the Python loop)",
     ]
     if greedy:
         notes.append(
@@ -624,8 +638,11 @@ def render_report(result: BenchResult) -> str:
 COST_WIDTHS = (1, 2, 3, 4, 5, 6, 8, 16)
 
 
-def decode_costs(model: Model, widths: Sequence[int] = COST_WIDTHS, reps: int = 8) -> dict[int, float]:
-    """Median seconds of one decode of k tokens (logits at all k, as a verify asks) after a 64-token context."""
+def decode_costs(
+    model: Model, widths: Sequence[int] = COST_WIDTHS, reps: int = 8, readout: Readout = ARGMAX
+) -> dict[int, float]:
+    """Median seconds of one decode of k tokens after a 64-token context, every row read back as ``readout`` (as a
+    verify asks; greedy's argmax by default)."""
     import statistics
 
     from edgespec.drafters.costs import time_decodes
@@ -634,7 +651,7 @@ def decode_costs(model: Model, widths: Sequence[int] = COST_WIDTHS, reps: int = 
     model.truncate(0)
     model.decode([token] * 64)
     # The first use of a batch shape builds a graph: not counted.
-    out = {k: statistics.median(time_decodes(model, token, k, reps + 1)[1:]) for k in widths}
+    out = {k: statistics.median(time_decodes(model, token, k, reps + 1, readout)[1:]) for k in widths}
     model.truncate(0)
     return out
 
@@ -646,3 +663,97 @@ def render_costs(table: dict[str, dict[int, float]]) -> str:
         for name, costs in table.items()
     ]
     return format_table(headers, rows) + "\none decode of k tokens: milliseconds (and multiple of a single token)"
+
+
+# ----- the loop's own cost ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LoopCost:
+    """One strategy at one temperature over the prompts, repeated: what the Python loop costs beside llama.cpp."""
+
+    run: str  # e.g. "plain T=0.8"
+    sampling_path: str
+    tokens_per_second: float  # pooled over every repetition
+    ms_per_token: float  # pooled
+    best_ms_per_token: float  # the fastest repetition's
+    outside_ms_per_token: float  # pooled: decode time outside llama.cpp's forward passes, per committed token
+    outside_ms_per_round: float  # the same per verify round
+
+
+def loop_costs(
+    target: Model,
+    draft: Model | None,
+    prompts: Sequence[list[int]],
+    temperatures: Sequence[float],
+    *,
+    max_tokens: int,
+    repeats: int = 3,
+    draft_gamma: int = 4,
+    seed: int = 0,
+    on_run: Callable[[], None] | None = None,
+) -> list[LoopCost]:
+    """Plain decoding (and the draft model at a fixed γ, lookup off) at each temperature, the runs alternating
+    within each repetition so that a slower spell of the machine hits all of them alike.
+
+    Sampling uses the CLI's defaults (top-k 40, top-p 0.95, min-p 0.05) at temperatures above 0."""
+    from edgespec.engine import Engine
+    from edgespec.sampling import SamplingParams
+
+    engines = {"plain": Engine(target, None, draft_len=0, lookup=False)}
+    if draft is not None:
+        engines[f"draft-{draft_gamma}"] = Engine(target, draft, draft_len=draft_gamma, lookup=False)
+    runs = [(name, t) for name in engines for t in temperatures]
+    totals: dict[tuple[str, float], list[dict[str, Any]]] = {run: [] for run in runs}
+    for rep in range(repeats):
+        for name, t in runs:
+            params = SamplingParams(temperature=t, max_tokens=max_tokens, seed=seed + rep)
+            results = [measure_engine(engines[name], prompt, params) for prompt in prompts]
+            totals[(name, t)].append(
+                dict(
+                    tokens=sum(r["generated"] for r in results),
+                    rounds=sum(r["rounds"] for r in results),
+                    seconds=sum(r["t_decode"] for r in results),
+                    outside=sum(r["t_outside"] for r in results),
+                    path=results[0]["sampling_path"],
+                )
+            )
+            if on_run is not None:
+                on_run()
+    out = []
+    for (name, t), reps in totals.items():
+        tokens, rounds = sum(r["tokens"] for r in reps), sum(r["rounds"] for r in reps)
+        seconds, outside = sum(r["seconds"] for r in reps), sum(r["outside"] for r in reps)
+        out.append(
+            LoopCost(
+                run=f"{name} T={t:g}",
+                sampling_path=reps[0]["path"],
+                tokens_per_second=tokens / seconds if seconds else 0.0,
+                ms_per_token=1e3 * seconds / tokens if tokens else 0.0,
+                best_ms_per_token=min(1e3 * r["seconds"] / r["tokens"] for r in reps if r["tokens"]),
+                outside_ms_per_token=1e3 * outside / tokens if tokens else 0.0,
+                outside_ms_per_round=1e3 * outside / rounds if rounds else 0.0,
+            )
+        )
+    return out
+
+
+def render_loop_costs(rows: Sequence[LoopCost], header: str) -> str:
+    table = format_table(
+        ["run", "sampling", "tok/s", "ms/tok", "best ms/tok", "outside ms/tok", "outside ms/round"],
+        [
+            [
+                r.run,
+                r.sampling_path,
+                f"{r.tokens_per_second:.1f}",
+                f"{r.ms_per_token:.2f}",
+                f"{r.best_ms_per_token:.2f}",
+                f"{r.outside_ms_per_token:.3f}",
+                f"{r.outside_ms_per_round:.3f}",
+            ]
+            for r in rows
+        ],
+    )
+    return (
+        f"{header}\n{table}\n"
+        "outside: decode time spent outside llama.cpp's forward passes (the Python loop: drafting logic, warps, "
+        "acceptance, bookkeeping); best: the fastest repetition"
+    )

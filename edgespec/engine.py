@@ -22,7 +22,7 @@ from edgespec.drafters.model import ModelDrafter
 from edgespec.errors import ContextOverflowError, EdgespecError, InvalidParameterError
 from edgespec.events import Chunk, Event, Finished, FinishReason, Span, Stats
 from edgespec.models.backend import Model
-from edgespec.sampling import SamplingParams, warp
+from edgespec.sampling import Readout, SamplingParams, readout_for, warp
 from edgespec.text import TextStream
 from edgespec.verify import Verdict, verify_greedy, verify_stochastic
 
@@ -70,7 +70,7 @@ class Engine:
             self.drafters["lookup"] = self._lookup
         self.max_gamma = max_gamma
         self._auto: Controller | None = None  # kept across set_draft_len switches, so its estimates survive
-        self._calibrated = False
+        self._calibrated_for: Readout | None = None  # the controller has costs measured with this readout
         self._cost_cache = cost_cache
         self._busy = threading.Lock()
         self._cancel = threading.Event()
@@ -128,19 +128,21 @@ class Engine:
         # A settings change (set_draft_len) during this request takes effect with the next one.
         target, drafters, controller, max_gamma = self.target, self.drafters, self.controller, self.max_gamma
         rng = params.rng()
+        # What the verify reads back per row: the argmax or the top-k candidates, selected inside llama.cpp.
+        readout = readout_for(params, target.n_vocab)
         n_prompt = len(ctx)
         clock = time.perf_counter
         t_start = clock()
-        stats = Stats(prompt_tokens=n_prompt, accepted_per_round=(0,) * (max_gamma + 1))
+        tally = _Tally(n_prompt, max_gamma, target.readout_path(readout))
         try:
             # Prefill: the KV of everything but the pending last token; a shared prefix is kept, not recomputed.
-            prefilled = target.sync(ctx[:-1])
+            tally.prefilled = target.sync(ctx[:-1])
             for drafter in drafters.values():
                 drafter.reset(ctx)
             controller.start_request()  # every drafter is in step with the prompt: nothing to catch up
-            if controller is self._auto and not self._calibrated:
-                self._calibrate(ctx, controller, max_gamma)
-            stats = replace(stats, prefilled_tokens=prefilled, t_prefill=clock() - t_start)
+            if controller is self._auto and readout != self._calibrated_for:
+                self._calibrate(ctx, controller, max_gamma, readout)
+            tally.t_prefill = clock() - t_start
             models = [target] if self.draft_model is None else [target, self.draft_model]
             busy_at_start = sum(m.busy_seconds for m in models)
             text = TextStream(target.piece, params.stop)
@@ -148,9 +150,9 @@ class Engine:
             spans: list[Span] = []
             emitted: list[int] = []
             from_draft: list[bool] = []
-            hist = [0] * (max_gamma + 1)
             finish: FinishReason | None = None  # set when the request ends
             stopped_by: str | None = None
+            stats = tally.snapshot(t_start, 0.0, None, controller)
 
             while True:
                 if self._cancel.is_set() or (cancel is not None and cancel.is_set()):
@@ -162,50 +164,36 @@ class Engine:
                 # 1. Draft.
                 t0 = clock()
                 plan, draft = self._draft(controller, ctx, min(room - 1, max_gamma), params, rng)
+                gamma = len(draft.tokens)
                 t1 = clock()
-                # 2. Verify: one target decode of [x_{n-1}, d_1..d_γ], scored at all γ+1 positions: the logits rows
-                #    [γ+1, n_vocab] when sampling, only each row's argmax [γ+1] when greedy.
-                batch = [ctx[-1], *draft.tokens]
-                scores = target.decode(batch, logits_at=range(len(batch)), argmax=params.greedy)
+                # 2. Verify: one target decode of [x_{n-1}, d_1..d_γ], scored at all γ+1 positions: each row's argmax
+                #    [γ+1] when greedy, its top-k candidates [γ+1, k] when sampling.
+                scores = target.decode([ctx[-1], *draft.tokens], range(gamma + 1), readout)
                 t2 = clock()
                 # 3. Accept.
                 k, token = self._accept(draft, scores, params, rng)
                 new = [*draft.tokens[:k], token]
                 from_draft = [True] * k + [False]
-                eog_at = next((i for i, t in enumerate(new) if target.is_eog(t)), None)
-                if eog_at is not None:  # nothing after an end-of-generation token is output
-                    new, from_draft = new[: eog_at + 1], from_draft[: eog_at + 1]
+                for i, t in enumerate(new):
+                    if target.is_eog(t):  # nothing after an end-of-generation token is output
+                        del new[i + 1 :], from_draft[i + 1 :]
+                        break
                 t3 = clock()
                 # 4. Roll back both models to the committed prefix.
                 ctx.extend(new)
                 self._roll_back(ctx)
                 # 5. Update the controller's estimates.
                 controller.observe(
-                    plan, n_drafted=len(draft.tokens), n_accepted=k, t_draft=t1 - t0, t_verify=t2 - t1, committed=new
+                    plan, n_drafted=gamma, n_accepted=k, t_draft=t1 - t0, t_verify=t2 - t1, committed=new
                 )
 
                 # Emit the committed tokens' text; an end-of-generation token or a stop string ends the request.
                 spans, emitted, finish, stopped_by = self._emit(new, from_draft, text)
                 out.extend(emitted)
                 n_out = len(ctx) - n_prompt  # committed after the prompt, an end-of-generation token included
-                hist[k] += 1
-                stats = replace(
-                    stats,
-                    generated=n_out,
-                    rounds=stats.rounds + 1,
-                    drafted=stats.drafted + len(draft.tokens),
-                    accepted=stats.accepted + k,
-                    t_draft=stats.t_draft + (t1 - t0),
-                    t_verify=stats.t_verify + (t2 - t1),
-                    t_sample=stats.t_sample + (t3 - t2),
-                    t_total=clock() - t_start,
-                    t_llama=sum(m.busy_seconds for m in models) - busy_at_start,
-                    accepted_per_round=tuple(hist),
-                    drafter=plan.drafter or "none",
-                    draft_len=len(draft.tokens),
-                    decision=plan.reason,
-                    plain_tokens_per_second=controller.plain_tokens_per_second,
-                )
+                tally.add_round(gamma, k, t1 - t0, t2 - t1, t3 - t2)
+                t_llama = sum(m.busy_seconds for m in models) - busy_at_start
+                stats = tally.snapshot(t_start, t_llama, plan, controller, generated=n_out, draft_len=gamma)
                 if finish is None and n_out >= params.max_tokens:
                     finish = "length"
                     break  # the last chunk is held back to carry the text stream's tail
@@ -272,26 +260,25 @@ class Engine:
     def _accept(draft: Draft, scores: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> Verdict:
         if params.greedy:
             return verify_greedy(draft.tokens, scores)  # the target's argmax per position
-        p = [warp(row, params) for row in scores]
-        return verify_stochastic(draft.tokens, draft.q, p, rng)
+        return verify_stochastic(draft.tokens, draft.q, warp(scores, params), rng)  # p_1..p_{γ+1}: [γ+1, k]
 
-    def _calibrate(self, ctx: list[int], controller: RoundController, max_gamma: int) -> None:
+    def _calibrate(self, ctx: list[int], controller: RoundController, max_gamma: int, readout: Readout) -> None:
         """Give the controller, once per engine, what a verify of b tokens and a draft step cost on this machine.
 
         A CPU's verify cost grows ~linearly with b while a GPU's is nearly flat (DESIGN.md): the controller needs
         the curve before it can choose γ well, and learning it from live rounds costs those rounds. The costs come
         from the cost cache when this setup was measured before, else from :meth:`_measure_costs`.
         """
-        key = f"{setup_key(self.target, self.draft_model)} max_gamma={max_gamma} widths=all,2"
+        key = f"{setup_key(self.target, self.draft_model)} max_gamma={max_gamma} widths=all,2 readout={readout}"
         costs = self._cost_cache.get(key) if self._cost_cache is not None else None
         if costs is None:
-            costs = self._measure_costs(ctx, max_gamma)
+            costs = self._measure_costs(ctx, max_gamma, readout)
             if self._cost_cache is not None and max_gamma + 1 in costs.verify:  # only a complete measurement
                 self._cost_cache.put(key, costs)
         controller.record_costs(costs.verify, costs.draft, costs.catchup)
-        self._calibrated = True
+        self._calibrated_for = readout
 
-    def _measure_costs(self, ctx: list[int], max_gamma: int) -> Costs:
+    def _measure_costs(self, ctx: list[int], max_gamma: int, readout: Readout) -> Costs:
         """Two decodes of every verify width at the current context position (so attention length is realistic),
         rolled back; the first request's prefill time includes them (~4 s for a 1.5B model on a 2-core CPU)."""
         # Every width, because the curve is not smooth: CPU kernels work in blocks, so a 16-token decode
@@ -301,14 +288,14 @@ class Engine:
         # The plain step, the yardstick, gets three.
         pending = ctx[-1]
         fits = range(1, min(max_gamma + 1, self.target.n_ctx - len(ctx)) + 1)
-        verify = {b: min(time_decodes(self.target, pending, b, 3 if b == 1 else 2)) for b in fits}
+        verify = {b: min(time_decodes(self.target, pending, b, 3 if b == 1 else 2, readout)) for b in fits}
         draft: dict[str, float] = {}
         catchup: dict[str, float] = {}
         if self.draft_model is not None and len(ctx) + 32 <= self.draft_model.n_ctx:
-            draft["model"] = min(time_decodes(self.draft_model, pending, 1, 3))
+            draft["model"] = min(time_decodes(self.draft_model, pending, 1, 3, readout))
             # What bringing the draft model back after it sat out costs per missed token: a batched decode (the
             # second of two: the first builds the graph for that shape).
-            catchup["model"] = time_decodes(self.draft_model, pending, 32, 2, logits=False)[-1] / 32
+            catchup["model"] = time_decodes(self.draft_model, pending, 32, 2, None)[-1] / 32
         return Costs(verify, draft, catchup)
 
     def _roll_back(self, ctx: Sequence[int]) -> None:
@@ -330,6 +317,60 @@ class Engine:
                     f"= {need} tokens exceeds the {role} context of {n_ctx}; shorten the prompt, lower "
                     f"max_tokens, or load with a larger n_ctx"
                 )
+
+
+class _Tally:
+    """A request's running counts and times, kept mutable so a round costs additions, not a dataclass copy; each
+    event carries a frozen :class:`Stats` snapshot of them."""
+
+    def __init__(self, prompt_tokens: int, max_gamma: int, sampling_path: str) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.sampling_path = sampling_path
+        self.prefilled = 0
+        self.t_prefill = 0.0
+        self.rounds = self.drafted = self.accepted = 0
+        self.t_draft = self.t_verify = self.t_sample = 0.0
+        self.hist = [0] * (max_gamma + 1)  # hist[k]: rounds that accepted k drafts
+
+    def add_round(self, gamma: int, k: int, t_draft: float, t_verify: float, t_sample: float) -> None:
+        self.rounds += 1
+        self.drafted += gamma
+        self.accepted += k
+        self.hist[k] += 1
+        self.t_draft += t_draft
+        self.t_verify += t_verify
+        self.t_sample += t_sample
+
+    def snapshot(
+        self,
+        t_start: float,
+        t_llama: float,
+        plan: Plan | None,
+        controller: RoundController,
+        *,
+        generated: int = 0,
+        draft_len: int = 0,
+    ) -> Stats:
+        return Stats(
+            prompt_tokens=self.prompt_tokens,
+            prefilled_tokens=self.prefilled,
+            generated=generated,
+            rounds=self.rounds,
+            drafted=self.drafted,
+            accepted=self.accepted,
+            t_prefill=self.t_prefill,
+            t_draft=self.t_draft,
+            t_verify=self.t_verify,
+            t_sample=self.t_sample,
+            t_total=time.perf_counter() - t_start,
+            t_llama=t_llama,
+            accepted_per_round=tuple(self.hist),
+            drafter=(plan.drafter or "none") if plan is not None else "none",
+            draft_len=draft_len,
+            decision=plan.reason if plan is not None else "",
+            plain_tokens_per_second=controller.plain_tokens_per_second,
+            sampling_path=self.sampling_path,
+        )
 
 
 def _chunk(spans: list[Span], emitted: list[int], from_draft: list[bool], stats: Stats) -> Chunk:

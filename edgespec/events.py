@@ -41,6 +41,7 @@ class Stats:
     plain_tokens_per_second: float = (
         0.0  # plain-decoding rate estimated from measured 1-token verifies; 0 = unknown
     )
+    sampling_path: str = ""  # where the target's rows were sampled: in llama.cpp's graph, or numpy on whole rows
 
     @property
     def acceptance_rate(self) -> float:
@@ -64,9 +65,18 @@ class Stats:
         return max(self.t_total - self.t_prefill - self.t_draft - self.t_verify - self.t_sample, 0.0)
 
     @property
+    def t_outside(self) -> float:
+        """Post-prefill wall time spent outside llama.cpp's decodes: the Python loop's own cost."""
+        return max(self.t_decode - self.t_llama, 0.0)
+
+    @property
+    def outside_ms_per_token(self) -> float:
+        return 1e3 * self.t_outside / self.generated if self.generated else 0.0
+
+    @property
     def python_overhead(self) -> float:
         """Share of the post-prefill wall time spent outside llama.cpp: the Python loop's cost."""
-        return max(self.t_decode - self.t_llama, 0.0) / self.t_decode if self.t_decode > 0 else 0.0
+        return self.t_outside / self.t_decode if self.t_decode > 0 else 0.0
 
     def as_dict(self) -> dict:
         return {
@@ -91,6 +101,8 @@ class Stats:
             "drafter": self.drafter,
             "draft_len": self.draft_len,
             "plain_tokens_per_second": round(self.plain_tokens_per_second, 3),
+            "outside_ms_per_token": round(self.outside_ms_per_token, 4),
+            "sampling_path": self.sampling_path,
         }
 
 

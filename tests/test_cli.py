@@ -38,6 +38,9 @@ def test_generate_json(tiny_model_path) -> None:
     assert len(out["tokens"]) <= 12 and stats["generated"] >= len(out["tokens"])
     assert stats["drafted"] >= stats["accepted"] >= 0
     assert 0 <= stats["acceptance_rate"] <= 1 and stats["tokens_per_second"] > 0
+    # where each model ran, and how it sampled: this build has no GPU, so -ngl auto (the default) means the CPU
+    assert stats["target_placement"] == "CPU" and stats["draft_placement"] in ("CPU", None)
+    assert stats["sampling_path"] == "argmax in llama.cpp" and stats["outside_ms_per_token"] >= 0
 
 
 def test_generate_streams_text_and_reports_stats_on_stderr(tiny_model_path) -> None:
@@ -107,5 +110,29 @@ def test_context_overflow_is_a_one_line_error(tiny_model_path) -> None:
 def test_help_explains_the_options() -> None:
     result = invoke("generate", "--help")
     assert result.exit_code == 0
-    for option in ("--draft-len", "--n-gpu-layers", "--temperature", "--json", "--lookup"):
+    for option in ("--draft-len", "--n-gpu-layers", "--temperature", "--json", "--lookup", "--bit-exact"):
         assert option in result.stdout
+    assert "slower" in result.stdout  # --bit-exact says what it costs
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "bench"])
+def test_every_model_command_takes_bit_exact_and_gpu_layers(command) -> None:
+    result = invoke(command, "--help")
+    assert "--bit-exact" in result.stdout and "auto" in result.stdout and "--n-gpu-layers" in result.stdout
+
+
+@pytest.mark.parametrize("value", ["lots", "-2", "1.5"])
+def test_bad_gpu_layers_are_a_usage_error(tiny_model_path, value) -> None:
+    result = invoke("generate", "hi", "-m", str(tiny_model_path), "-ngl", value)
+    assert result.exit_code == 2 and "auto" in result.stderr
+
+
+def test_bit_exact_greedy_generation_says_so_and_matches_plain(tiny_model_path) -> None:
+    path = str(tiny_model_path)
+    common = ["generate", "def add(a, b):", "-m", path, "--temperature", "0", "-n", "24", "--json", "--bit-exact"]
+    plain = json.loads(invoke(*common, "--draft", "none", "--draft-len", "0").stdout)
+    spec = json.loads(invoke(*common, "-d", path, "--draft-len", "4").stdout)
+    assert plain["tokens"] == spec["tokens"] and spec["stats"]["drafted"] > 0
+    assert spec["stats"]["bit_exact"] is True and spec["stats"]["sampling_path"] == "argmax in llama.cpp"
+    text = invoke("generate", "hi", "-m", path, "-d", "none", "-n", "2", "--bit-exact")
+    assert "target SmolLM2-135M-Instruct.Q4_1.gguf on CPU (bit-exact)" in text.stderr

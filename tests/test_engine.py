@@ -12,7 +12,7 @@ from stat_tools import fits
 from edgespec.engine import Engine
 from edgespec.errors import ContextOverflowError, EdgespecError, InvalidParameterError
 from edgespec.events import Chunk, Finished
-from edgespec.sampling import SamplingParams, densify, warp
+from edgespec.sampling import LOGITS, Readout, SamplingParams, densify, warp
 
 GREEDY = SamplingParams(temperature=0, max_tokens=40)
 PROMPT = [3, 5, 7, 5, 3]
@@ -66,10 +66,17 @@ def test_verify_is_one_decode_with_logits_only_where_needed() -> None:
     assert all(n == rows for n, rows in rounds)  # γ+1 tokens, γ+1 rows, one call per round
 
 
-def test_stochastic_output_distribution_is_the_targets() -> None:
-    """First two generated tokens at T=1 vs the exact target distribution (computed from the fake's logits)."""
+@pytest.mark.parametrize(
+    "warps, readout",
+    [
+        (dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0), LOGITS),  # whole rows, warped in numpy
+        (dict(temperature=0.8, top_k=4, top_p=0.9, min_p=0.05), Readout("top_k", 4)),  # top-k "in llama.cpp"
+    ],
+)
+def test_stochastic_output_distribution_is_the_targets(warps: dict, readout: Readout) -> None:
+    """First two generated tokens vs the exact target distribution (computed from the fake's logits, whole rows)."""
     target, draft = FakeModel(n_vocab=6, sharp=1.0), FakeModel(n_vocab=6, seed=4, noise=1.5, sharp=1.0)
-    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, max_tokens=2)
+    params = SamplingParams(**warps, max_tokens=2)
     engine = Engine(target, draft, draft_len=3, lookup=False)
     prompt = [1, 2]
     exact = np.zeros((6, 6))
@@ -85,6 +92,7 @@ def test_stochastic_output_distribution_is_the_targets() -> None:
         counts[toks[0], toks[1] if toks[0] != EOS else EOS] += 1
     ok, why = fits(counts, exact)
     assert ok, why
+    assert set(target.readouts[1:]) == set(draft.readouts[1:]) == {readout}  # the path under test (after prefill)
     assert (
         0 < engine_acceptance(engine, prompt, params) < 1
     )  # the pair disagrees sometimes: the test has teeth

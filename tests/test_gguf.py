@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import struct
 import time
+from collections import Counter
 from pathlib import Path
 
 import gguf
@@ -37,9 +38,15 @@ def write_gguf(
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_name(name)
     writer.add_context_length(2048)
+    writer.add_embedding_length(8)
+    writer.add_block_count(1)
+    writer.add_head_count(2)
+    writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(int(gguf.LlamaFileType.ALL_F32))
     writer.add_tokenizer_model(tokenizer)
     writer.add_token_list(tokens)
+    if tokenizer == "gpt2":
+        writer.add_token_merges(["t o", "to k"])
     writer.add_token_types(
         token_types if token_types is not None else [CONTROL] * 3 + [NORMAL] * (len(tokens) - 3)
     )
@@ -151,7 +158,7 @@ def test_unknown_value_type(good: Path, tmp_path: Path) -> None:
     bad = patched(good, tmp_path / "t.gguf", key_offset(good, "general.name"), struct.pack("<I", 99))
     with pytest.raises(ModelError) as exc:
         preflight(bad)
-    assert_one_line_error(exc, "corrupt", "unknown value type 99")
+    assert_one_line_error(exc, "corrupt", "'general.name'", "unknown value type 99")
 
 
 def test_absurd_string_length(good: Path, tmp_path: Path) -> None:
@@ -159,7 +166,7 @@ def test_absurd_string_length(good: Path, tmp_path: Path) -> None:
     bad = patched(good, tmp_path / "s.gguf", at, struct.pack("<Q", 1 << 50))
     with pytest.raises(ModelError) as exc:
         preflight(bad)
-    assert_one_line_error(exc, "corrupt", "exceeds the whole file")
+    assert_one_line_error(exc, "corrupt", "'general.architecture'", "more than the file holds")
 
 
 def test_absurd_array_count(good: Path, tmp_path: Path) -> None:
@@ -195,15 +202,21 @@ def test_bad_tensor_entry(good: Path, tmp_path: Path) -> None:
     at = blob.index(b"output_norm.weight") + len("output_norm.weight")  # n_dims, dims[1], type, offset
     with pytest.raises(ModelError) as exc:
         preflight(patched(good, tmp_path / "d.gguf", at, struct.pack("<I", 9)))
-    assert_one_line_error(exc, "corrupt", "9 dimensions")
+    assert_one_line_error(exc, "corrupt", "'output_norm.weight'", "9 dimensions")
     with pytest.raises(ModelError) as exc:
         preflight(patched(good, tmp_path / "ty.gguf", at + 4 + 8, struct.pack("<I", 250)))
-    assert_one_line_error(exc, "corrupt", "unknown type 250")
+    assert_one_line_error(exc, "corrupt", "'output_norm.weight'", "unknown type 250")
 
 
 def test_missing_vocabulary(tmp_path: Path) -> None:
     path = tmp_path / "novocab.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_context_length(2048)
+    writer.add_embedding_length(8)
+    writer.add_block_count(1)
+    writer.add_head_count(2)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_tokenizer_model("gpt2")
     writer.add_tensor("w", np.zeros(8, dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -212,6 +225,355 @@ def test_missing_vocabulary(tmp_path: Path) -> None:
     with pytest.raises(ModelError) as exc:
         preflight(path)
     assert_one_line_error(exc, "tokenizer.ggml.tokens")
+
+
+# ---------------------------------------------------------------------------------------------- one file per rule
+#
+# These files are written byte by byte, so a test can break exactly one rule (gguf.GGUFWriter refuses most of them).
+
+U8, I8, U16, I16, U32, I32, F32, BOOL, STR, ARR, U64, I64, F64 = range(13)
+_FORMATS = {U8: "B", I8: "b", U16: "H", I16: "h", U32: "I", I32: "i", F32: "f", BOOL: "?", U64: "Q", I64: "q",
+            F64: "d"}  # fmt: skip
+F32_TYPE, Q4_0_TYPE = 0, 2  # ggml types
+TOKENS = ["<unk>", "<s>", "</s>", "a", "b", "ab", "c", "abc"]
+
+
+def enc_str(text: str | bytes) -> bytes:
+    raw = text.encode() if isinstance(text, str) else text
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def enc_value(vtype: int, value) -> bytes:
+    if vtype == STR:
+        return enc_str(value)
+    if vtype == ARR:
+        etype, items = value
+        return struct.pack("<IQ", etype, len(items)) + b"".join(enc_value(etype, item) for item in items)
+    return struct.pack("<" + _FORMATS[vtype], value)
+
+
+def base_metadata() -> dict:
+    """A tiny llama model's metadata: what llama.cpp requires and nothing more."""
+    return {
+        "general.architecture": (STR, "llama"),
+        "llama.context_length": (U32, 2048),
+        "llama.embedding_length": (U32, 8),
+        "llama.block_count": (U32, 1),
+        "llama.attention.head_count": (U32, 2),
+        "llama.attention.layer_norm_rms_epsilon": (F32, 1e-5),
+        "tokenizer.ggml.model": (STR, "gpt2"),
+        "tokenizer.ggml.tokens": (ARR, (STR, TOKENS)),
+        "tokenizer.ggml.token_type": (ARR, (I32, [CONTROL] * 3 + [NORMAL] * (len(TOKENS) - 3))),
+        "tokenizer.ggml.merges": (ARR, (STR, ["a b", "ab c"])),
+        "tokenizer.ggml.bos_token_id": (U32, 1),
+        "tokenizer.ggml.eos_token_id": (U32, 2),
+    }
+
+
+def base_tensors() -> list[dict]:
+    """name, dims, ggml type and offset (None: packed after the previous one, as writers lay them out)."""
+    return [
+        {"name": "token_embd.weight", "dims": [8, len(TOKENS)], "type": F32_TYPE, "offset": None},
+        {"name": "output_norm.weight", "dims": [8], "type": F32_TYPE, "offset": None},
+    ]
+
+
+def craft(
+    path: Path,
+    *,
+    change: dict | None = None,
+    entries: list[tuple] | None = None,
+    tensors: list[dict] | None = None,
+    alignment: int = 32,
+    data_bytes: int | None = None,
+) -> Path:
+    """Write a GGUF: the base metadata with ``change`` applied (a None value drops the key), or exactly ``entries``
+    as (key, type, value); then the tensor directory and zeroed data (``data_bytes`` of it if given)."""
+    if entries is None:
+        meta = base_metadata()
+        meta.update(change or {})
+        entries = [(k, t, v) for k, tv in meta.items() if tv is not None for t, v in [tv]]
+    tensors = base_tensors() if tensors is None else tensors
+    blob = bytearray(b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(entries)))
+    for key, vtype, value in entries:
+        blob += enc_str(key) + struct.pack("<I", vtype) + enc_value(vtype, value)
+    end = 0
+    for t in tensors:
+        block, type_size = _type_size(t["type"])
+        n_bytes = int(np.prod(t["dims"])) // block * type_size
+        offset = end if t["offset"] is None else t["offset"]
+        end = -(-(offset + n_bytes) // alignment) * alignment
+        name = t["name"].encode() if isinstance(t["name"], str) else t["name"]
+        blob += enc_str(name) + struct.pack("<I", len(t["dims"])) + struct.pack(f"<{len(t['dims'])}Q", *t["dims"])
+        blob += struct.pack("<IQ", t["type"], offset)
+    blob += bytes(-len(blob) % alignment) + bytes(end if data_bytes is None else data_bytes)
+    path.write_bytes(bytes(blob))
+    return path
+
+
+def _type_size(ggml_type: int) -> tuple[int, int]:
+    """(elements per block, bytes per block) of a ggml type; an unknown type (testing the rule on it) gets F32's."""
+    try:
+        return gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ggml_type)]
+    except ValueError:
+        return 1, 4
+
+
+def rejection(path: Path) -> str:
+    """The one-line message preflight rejects ``path`` with (it must name the file)."""
+    with pytest.raises(ModelError) as exc:
+        preflight(path)
+    message = str(exc.value)
+    assert "\n" not in message and str(path) in message, message
+    return message
+
+
+@pytest.fixture
+def crafted(tmp_path: Path):
+    return lambda **kw: craft(tmp_path / "crafted.gguf", **kw)
+
+
+def test_the_handcrafted_base_file_passes(crafted) -> None:
+    info = preflight(crafted())
+    assert (info.architecture, info.n_vocab, info.n_tensors) == ("llama", len(TOKENS), 2)
+
+
+# Counts and lengths beyond the bytes left in the file.
+
+
+def test_a_token_length_of_2_64_is_an_error_not_an_overflow(crafted) -> None:
+    """The length of one string inside the token array mangled to 2^64-1 used to raise OverflowError."""
+    path = crafted()
+    blob = bytearray(path.read_bytes())
+    at = blob.index(enc_str("abc"))  # the last token's u64 length
+    blob[at : at + 8] = struct.pack("<Q", (1 << 64) - 1)
+    path.write_bytes(bytes(blob))
+    assert "'tokenizer.ggml.tokens' runs past the end of the file" in rejection(path)
+
+
+@pytest.mark.parametrize(
+    ("needle", "skip", "field"),
+    [  # where the u64 is: `skip` bytes into the first occurrence of `needle`
+        (enc_str("general.architecture"), 0, "metadata key #0"),  # a key's length
+        (enc_str("gpt2"), 0, "'tokenizer.ggml.model'"),  # a string value's length
+        (struct.pack("<IQ", STR, 2) + enc_str("a b"), 4, "'tokenizer.ggml.merges'"),  # an array's count
+        (enc_str("token_embd.weight"), 0, "tensor #0 name"),
+    ],
+)
+def test_counts_and_lengths_beyond_the_file(crafted, needle: bytes, skip: int, field: str) -> None:
+    path = crafted()
+    blob = bytearray(path.read_bytes())
+    at = blob.index(needle) + skip
+    blob[at : at + 8] = struct.pack("<Q", 1 << 40)
+    path.write_bytes(bytes(blob))
+    message = rejection(path)
+    assert field in message and ("more than the file" in message or "claims" in message), message
+
+
+# Value types.
+
+
+def test_unknown_element_type(crafted) -> None:
+    assert "'tokenizer.ggml.merges' has unknown element type 13" in rejection(
+        crafted(change={"tokenizer.ggml.merges": (ARR, (13, []))})
+    )
+
+
+def test_nested_arrays_are_refused(crafted) -> None:
+    nested = (ARR, (ARR, [(U32, [1, 2]), (U32, [3])]))
+    assert "'general.tags' is an array of arrays" in rejection(crafted(change={"general.tags": nested}))
+
+
+def test_duplicate_and_empty_keys(crafted) -> None:
+    entries = [(k, t, v) for k, (t, v) in base_metadata().items()]
+    twice = [*entries, ("llama.block_count", U32, 1)]
+    assert "'llama.block_count' appears twice" in rejection(crafted(entries=twice))
+    assert "metadata key #12 is empty" in rejection(crafted(entries=[*entries, ("", U32, 1)]))
+
+
+@pytest.mark.parametrize(("value", "problem"), [((U64, 32), "is a u64"), ((U32, 48), "not a power of two")])
+def test_alignment(crafted, value: tuple, problem: str) -> None:
+    message = rejection(crafted(change={"general.alignment": value}))
+    assert "'general.alignment'" in message and problem in message
+
+
+# The tensor directory.
+
+
+def _with(index: int, **changes) -> list[dict]:
+    tensors = base_tensors()
+    tensors[index].update(changes)
+    return tensors
+
+
+@pytest.mark.parametrize(
+    ("tensors", "expected"),
+    [
+        (_with(1, name="token_embd.weight"), "tensor 'token_embd.weight' appears twice"),
+        (_with(1, name="x" * 64), "tensor #1 name is 64 bytes long"),
+        (_with(1, dims=[8, 1, 1, 1, 1]), "tensor 'output_norm.weight' has 5 dimensions"),
+        (_with(1, dims=[]), "tensor 'output_norm.weight' has 0 dimensions"),
+        (_with(1, dims=[8, 0]), "tensor 'output_norm.weight' dimension 1 is 0"),
+        (_with(1, dims=[1 << 32, 1 << 32]), "tensor 'output_norm.weight' has 4294967296x4294967296 elements"),
+        (_with(1, type=99), "tensor 'output_norm.weight' has unknown type 99"),
+        (_with(1, dims=[8], type=Q4_0_TYPE), "tensor 'output_norm.weight' rows have 8 elements, not a multiple"),
+        (_with(1, offset=8 * 8 * 4 + 16), "tensor 'output_norm.weight' offset 272 is not a multiple of the alignment"),
+        (_with(1, offset=0), "tensor 'output_norm.weight' offset 0 overlaps tensor 'token_embd.weight'"),
+        (_with(1, offset=8 * 8 * 4 + 64), "tensor 'output_norm.weight' offset 320 leaves a gap of 64 bytes after"),
+        (_with(0, offset=32), "tensor 'token_embd.weight' offset 32 leaves a gap of 32 bytes at the start"),
+    ],
+)
+def test_tensor_directory(crafted, tensors: list[dict], expected: str) -> None:
+    message = rejection(crafted(tensors=tensors))
+    assert "corrupt GGUF" in message and expected in message, message
+
+
+@pytest.mark.parametrize(("ggml_type", "name"), [(26, "I32"), (24, "I8")])
+def test_integer_weights_in_a_known_architecture(crafted, ggml_type: int, name: str) -> None:
+    """I32 has F32's size, so a mangled type code moves no offset; llama.cpp loads it and aborts in its kernels."""
+    dims = [8] if ggml_type == 26 else [32]  # 32 bytes either way
+    message = rejection(crafted(tensors=_with(1, type=ggml_type, dims=dims)))
+    assert f"tensor 'output_norm.weight' has type {name}; a llama model's weights are floats or quantized" in message
+    generic = {"general.architecture": (STR, "mamba")}
+    generic |= {k.replace("llama.", "mamba."): v for k, v in base_metadata().items() if k.startswith("llama.")}
+    generic |= {k: None for k in base_metadata() if k.startswith("llama.")}
+    assert preflight(crafted(change=generic, tensors=_with(1, type=ggml_type, dims=dims))).architecture == "mamba"
+
+
+def test_data_section_inside_the_file(crafted) -> None:
+    path = crafted()
+    blob = path.read_bytes()
+    path.write_bytes(blob[:-40])  # the last tensor's data cut short (it ends the file: 32 bytes, already aligned)
+    expected = f"truncated GGUF (file is {len(blob) - 40} bytes but its tensors need {len(blob)}: tensor 'output_norm"
+    assert expected in rejection(path)
+    huge = _with(1, dims=[1 << 40])  # fits an int64 and an address, not this file
+    message = rejection(crafted(tensors=huge, data_bytes=512))
+    assert "tensor 'output_norm.weight' (4398046511104 bytes) ends past the end" in message
+
+
+# What llama.cpp requires of the architecture.
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "llama.context_length",
+        "llama.embedding_length",
+        "llama.block_count",
+        "llama.attention.layer_norm_rms_epsilon",
+        "llama.attention.head_count",
+    ],
+)
+def test_required_architecture_keys(crafted, key: str) -> None:
+    assert f"metadata key {key!r} is missing; llama.cpp requires it for llama" in rejection(
+        crafted(change={key: None})
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"general.architecture": None}, "'general.architecture' is missing"),
+        ({"general.architecture": (U32, 7)}, "'general.architecture' is a u32; llama.cpp reads it as string"),
+        ({"llama.block_count": (STR, "30")}, "'llama.block_count' is a string; llama.cpp reads it as u32"),
+        ({"llama.context_length": (I32, 2048)}, "'llama.context_length' is an i32; llama.cpp reads it as u32"),
+        ({"llama.rope.freq_base": (F64, 1e4)}, "'llama.rope.freq_base' is an f64; llama.cpp reads it as f32"),
+        ({"llama.block_count": (U32, 0)}, "'llama.block_count' is 0 (1 to 512 allowed)"),
+        ({"llama.block_count": (U32, 513)}, "'llama.block_count' is 513 (1 to 512 allowed)"),
+        ({"llama.embedding_length": (U32, 0)}, "'llama.embedding_length' is 0"),
+        ({"llama.attention.head_count": (U32, 0)}, "'llama.attention.head_count' is 0"),
+        ({"llama.attention.head_count": (ARR, (U32, [2, 2]))}, "has 2 items but the model has 1 layers"),
+        ({"llama.attention.head_count": (ARR, (F32, [2.0]))}, "'llama.attention.head_count' is an array of f32"),
+        ({"llama.rope.freq_base": (F32, float("nan"))}, "'llama.rope.freq_base' is nan, not a finite number"),
+        ({"llama.attention.layer_norm_rms_epsilon": (F32, 0.0)}, "is 0.0, not positive"),
+        ({"llama.rope.scaling.type": (STR, "bogus")}, "'llama.rope.scaling.type' is 'bogus'; llama.cpp knows"),
+        ({"llama.nextn_predict_layers": (U32, 2)}, "'llama.nextn_predict_layers' is 2, more than the 1 layers"),
+        ({"llama.expert_count": (U32, 2000)}, "'llama.expert_count' is 2000 (at most 1024)"),
+        ({"llama.expert_used_count": (U32, 2)}, "'llama.expert_used_count' is 2, more than the 0 experts"),
+        ({"llama.expert_count": (U32, 8), "llama.expert_used_count": (U32, 0)}, "is 0 with 8 experts"),
+        ({"llama.expert_group_count": (U32, 2)}, "'llama.expert_group_count' is 2 in a model without experts"),
+    ],
+)
+def test_architecture_metadata(crafted, change: dict, expected: str) -> None:
+    message = rejection(crafted(change=change))
+    assert expected in message, message
+
+
+def test_an_architecture_we_do_not_know_needs_only_the_generic_keys(crafted) -> None:
+    """Unknown to edgespec, maybe known to llama.cpp: the keys every architecture needs, typed, are enough."""
+    generic = {"general.architecture": (STR, "mamba")}
+    generic |= {k.replace("llama.", "mamba."): v for k, v in base_metadata().items() if k.startswith("llama.")}
+    generic |= {k: None for k in base_metadata() if k.startswith("llama.")}
+    generic["mamba.attention.head_count"] = (U32, 0)  # no attention at all: fine for a recurrent model
+    del generic["mamba.attention.layer_norm_rms_epsilon"]
+    assert preflight(crafted(change=generic)).architecture == "mamba"
+    generic["mamba.block_count"] = None
+    assert "'mamba.block_count' is missing" in rejection(crafted(change=generic))
+
+
+# The vocabulary.
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"tokenizer.ggml.model": None}, "'tokenizer.ggml.model' is missing"),
+        ({"tokenizer.ggml.tokens": (ARR, (U32, [1, 2]))}, "'tokenizer.ggml.tokens' is missing or not an array of"),
+        ({"tokenizer.ggml.tokens": (ARR, (STR, []))}, "'tokenizer.ggml.tokens' is empty"),
+        ({"tokenizer.ggml.token_type": (ARR, (I32, [1] * 7))}, "'tokenizer.ggml.token_type' has 7 items for 8"),
+        ({"tokenizer.ggml.token_type": (ARR, (U32, [1] * 8))}, "'tokenizer.ggml.token_type' is not an array of i32"),
+        ({"tokenizer.ggml.scores": (ARR, (F32, [0.0] * 9))}, "'tokenizer.ggml.scores' has 9 items for 8 tokens"),
+        ({"tokenizer.ggml.merges": None}, "'tokenizer.ggml.merges' is missing; a 'gpt2' tokenizer needs it"),
+        ({"tokenizer.ggml.merges": (STR, "a b")}, "'tokenizer.ggml.merges' is not an array of strings"),
+        ({"tokenizer.ggml.eos_token_id": (U32, 8)}, "'tokenizer.ggml.eos_token_id' is 8, outside the 8-token"),
+        ({"tokenizer.ggml.padding_token_id": (U32, 1 << 31)}, "'tokenizer.ggml.padding_token_id' is 2147483648"),
+        ({"tokenizer.ggml.bos_token_id": (I32, 1)}, "'tokenizer.ggml.bos_token_id' is an i32; llama.cpp reads it"),
+        ({"tokenizer.ggml.add_bos_token": (U8, 1)}, "'tokenizer.ggml.add_bos_token' is a u8; llama.cpp reads it as"),
+    ],
+)
+def test_vocabulary_metadata(crafted, change: dict, expected: str) -> None:
+    message = rejection(crafted(change=change))
+    assert expected in message, message
+
+
+@pytest.mark.parametrize(
+    ("tokens", "pair"),
+    [
+        (["<unk>", "<s>", "</s>", "a", "b", "a", "c", "abc"], "tokens 3 and 5 the same text 'a'"),
+        # llama.cpp keys its map by the text up to the first NUL: 'ab\0x' is 'ab' to it
+        (["<unk>", "<s>", "</s>", "a", "b", "ab", "c", "ab\0x"], "tokens 5 and 7 the same text 'ab'"),
+        # and names an empty token [EMPTY_<id>]
+        (["<unk>", "<s>", "</s>", "", "[EMPTY_3]", "ab", "c", "abc"], "tokens 3 and 4 the same text '[EMPTY_3]'"),
+    ],
+)
+def test_token_texts_are_unique_as_llama_cpp_sees_them(crafted, tokens: list[str], pair: str) -> None:
+    message = rejection(crafted(change={"tokenizer.ggml.tokens": (ARR, (STR, tokens))}))
+    assert "'tokenizer.ggml.tokens' gives " + pair in message, message
+
+
+def test_empty_tokens_are_distinct_to_llama_cpp(crafted) -> None:
+    tokens = ["<unk>", "<s>", "</s>", "", "", "ab", "c", "abc"]  # [EMPTY_3] and [EMPTY_4]
+    assert preflight(crafted(change={"tokenizer.ggml.tokens": (ARR, (STR, tokens))})).n_vocab == 8
+
+
+def test_no_single_mutation_escapes_as_another_exception(crafted) -> None:
+    """Every byte of a small file set to a few values: preflight answers with a file or a ModelError, nothing else.
+
+    (The fuzz test does this for real models through the whole command; this one covers every offset in a second.)
+    """
+    blob = crafted().read_bytes()
+    path = crafted()
+    outcomes: Counter[str] = Counter()
+    for at in range(4, len(blob) - 8 * 8 * 4):  # the header, metadata and tensor directory
+        for value in (0x00, 0x7F, 0xFF):
+            path.write_bytes(blob[:at] + bytes([value]) + blob[at + 1 :])
+            try:
+                preflight(path)
+                outcomes["passed"] += 1
+            except ModelError as exc:
+                assert "\n" not in str(exc)
+                outcomes["rejected"] += 1
+    assert outcomes["rejected"] > outcomes["passed"] > 0
 
 
 # ---------------------------------------------------------------------------------------------- vocabulary

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from functools import cache
 
 import numpy as np
@@ -24,6 +25,14 @@ CODE_PROMPTS = [
     'def merge_sort(items):\n    """Sort a list with merge sort."""\n',
     "<|im_start|>user\nExplain what a hash map is in two sentences.<|im_end|>\n<|im_start|>assistant\n",
 ]
+
+
+# An answer that copies most of its input: prompt lookup drafts long runs of it.
+EDIT_PROMPT = (
+    "<|im_start|>user\nRename the parameter `xs` to `items` everywhere in this function and change nothing else:\n"
+    "```python\ndef total(xs):\n    s = 0\n    for x in xs:\n        if x > 0:\n            s += x\n"
+    "    return s / len(xs) if xs else 0\n```<|im_end|>\n<|im_start|>assistant\n"
+)
 
 
 def finish(events) -> Finished:
@@ -57,6 +66,26 @@ def test_greedy_speculation_is_token_identical_to_greedy_target(qwen_pair) -> No
                     f"diverged at token {i} where the target's top-2 logits differ by {gap:.4f}"
                 )
             assert len(spec) == len(plain)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("draft_len", [3, 4, "auto"])
+def test_bit_exact_greedy_speculation_is_token_identical_to_plain_decoding(qwen_bit_exact_pair, draft_len) -> None:
+    """Loaded bit-exact (no weight repacking), a verify batch computes every logit exactly as a single-token decode
+    does: greedy output with any γ equals plain decoding's, with no allowance for near-ties."""
+    target, draft = qwen_bit_exact_pair
+    params = SamplingParams(temperature=0, max_tokens=128)
+    plain_engine = Engine(target, None, draft_len=0, lookup=False)
+    spec_engine = Engine(target, draft, draft_len=draft_len)
+    plain_rounds = spec_rounds = 0
+    for prompt in [*CODE_PROMPTS, EDIT_PROMPT]:
+        tokens = target.tokenize(prompt)
+        plain = finish(plain_engine.stream(tokens, params))
+        spec = finish(spec_engine.stream(tokens, params))
+        assert spec.tokens == plain.tokens, f"bit-exact output diverged at γ={draft_len} on {prompt[:40]!r}"
+        plain_rounds, spec_rounds = plain_rounds + plain.stats.rounds, spec_rounds + spec.stats.rounds
+    # It did speculate: several tokens per verify (auto drafts where its costs say it pays: the code edit's copy)
+    assert spec_rounds < 0.9 * plain_rounds, (spec_rounds, plain_rounds)
 
 
 @pytest.mark.slow
@@ -134,6 +163,90 @@ def test_stochastic_speculation_samples_the_targets_distribution(
     assert ok, why
     for m in (target, draft, reference):
         m.close()
+
+
+def tempered_first(logits: np.ndarray, params: SamplingParams) -> dict[int, float]:
+    """A plausible but different definition of the warp: temperature applied before top-p and min-p (as some
+    samplers order it). The statistical test below must tell it from the chain's definition."""
+    x = logits.astype(np.float64) / params.temperature
+    ids = np.argsort(-x)[: params.top_k]
+    p = np.exp(x[ids] - x[ids].max())
+    p /= p.sum()
+    keep = (np.concatenate(([0.0], np.cumsum(p)[:-1])) < params.top_p) & (p >= params.min_p * p.max())
+    return dict(zip(ids[keep].tolist(), (p[keep] / p[keep].sum()).tolist(), strict=True))
+
+
+@pytest.mark.slow
+def test_backend_sampled_speculation_samples_the_targets_warped_distribution(
+    tiny_model_path, tiny_requantized_path
+) -> None:
+    """T=0.8 with top-k 40, top-p 0.95, min-p 0.05: top-k runs inside llama.cpp's decode graph (target and draft),
+    the rest in numpy. The joint of the first two tokens must match the target's own distribution under the chain's
+    definition, computed from whole logits rows; the same counts must reject a warp that orders temperature first."""
+    target = Model(tiny_model_path, n_ctx=256)
+    draft = Model(tiny_requantized_path, n_ctx=256)
+    reference = Model(tiny_model_path, n_ctx=256)
+    params = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, max_tokens=2)
+    prompt = target.tokenize("<|im_start|>user\nName an animal.<|im_end|>\n<|im_start|>assistant\n")
+    engine = Engine(target, draft, draft_len=3, lookup=False)
+    eog_ids = {target.token_text(i): i for i in range(target.n_vocab) if target.is_eog(i)}
+
+    @cache
+    def logits_after(prefix: tuple[int, ...]) -> np.ndarray:
+        return fresh_logits(reference, list(prefix))
+
+    def joint(warp_row) -> dict[tuple[int, int], float]:
+        first = warp_row(logits_after(tuple(prompt)))
+        return {
+            (a, b): pa * pb
+            for a, pa in first.items()
+            for b, pb in (warp_row(logits_after((*prompt, a))) if not target.is_eog(a) else {a: 1.0}).items()
+        }
+
+    def chain_warp(row: np.ndarray) -> dict[int, float]:
+        d = warp(row, params)
+        real = d.probs[0] > 0
+        return dict(zip(d.ids[0][real].tolist(), d.probs[0][real].tolist(), strict=True))
+
+    counts: dict[tuple[int, int], int] = {}
+    drafted = accepted = 0
+    rng = np.random.default_rng(1)
+    n = 1500
+    for _ in range(n):
+        done = finish(
+            engine.stream(prompt, SamplingParams(**{**params.__dict__, "seed": int(rng.integers(2**31))}))
+        )
+        toks = list(done.tokens)
+        if done.finish_reason == "eos":  # the end-of-generation token is not output; count it in its own cell
+            toks.append(eog_ids[done.stopped_by])
+        pair = (toks[0], toks[1] if not target.is_eog(toks[0]) else toks[0])
+        counts[pair] = counts.get(pair, 0) + 1
+        drafted += done.stats.drafted
+        accepted += done.stats.accepted
+    assert done.stats.sampling_path == "top-40 in llama.cpp, rest numpy"
+    assert 0.3 < accepted / drafted < 0.995, f"acceptance {accepted / drafted:.3f}: the pair must disagree sometimes"
+
+    def fit(expected: dict[tuple[int, int], float]) -> tuple[bool, str]:
+        cells = sorted(set(expected) | set(counts))
+        return fits(np.array([counts.get(c, 0) for c in cells]), np.array([expected.get(c, 0.0) for c in cells]))
+
+    ok, why = fit(joint(chain_warp))
+    assert ok, why
+    ok, why = fit(joint(lambda row: tempered_first(row, params)))
+    assert not ok, f"the test cannot tell the warp's order apart: {why}"
+    for m in (target, draft, reference):
+        m.close()
+
+
+def test_a_seed_reproduces_sampling_on_the_backend_path(tiny_model_path, tiny_requantized_path) -> None:
+    runtime = load(tiny_model_path, tiny_requantized_path, n_ctx=512, draft_len=3, lookup=False)
+    params = SamplingParams(temperature=0.8, seed=1234, max_tokens=24)
+    first = runtime.generate("Once upon a time", params)
+    assert first.stats.sampling_path == "top-40 in llama.cpp, rest numpy" and first.stats.drafted > 0
+    assert runtime.generate("Once upon a time", params).tokens == first.tokens
+    others = {runtime.generate("Once upon a time", replace(params, seed=s)).tokens for s in range(5)}
+    assert len(others) > 1  # the seed matters: different seeds, different samples
+    runtime.close()
 
 
 def test_cancel_mid_generation_then_a_correct_second_request(tiny_model_path) -> None:

@@ -65,7 +65,36 @@ def test_shipped_entries() -> None:
         "auto",
     )
     assert resolve_pair(None) == pair == resolve_pair("qwen2.5-coder")
-    assert registry.pairs_of("qwen2.5-coder-0.5b") == ["qwen2.5-coder"]
+    assert registry.pairs_of("qwen2.5-coder-0.5b")[0] == "qwen2.5-coder"
+
+
+# The pairs users ask for (issue #12): target, draft; none of their new files could be downloaded here.
+ASKED_FOR = {
+    "qwen2.5-coder-7b+0.5b": ("qwen2.5-coder-7b", "qwen2.5-coder-0.5b"),
+    "qwen2.5-coder-14b+0.5b": ("qwen2.5-coder-14b", "qwen2.5-coder-0.5b"),
+    "qwen2.5-coder-32b+0.5b": ("qwen2.5-coder-32b", "qwen2.5-coder-0.5b"),
+    "qwen3-8b+0.6b": ("qwen3-8b", "qwen3-0.6b"),
+    "qwen3-14b+0.6b": ("qwen3-14b", "qwen3-0.6b"),
+    "llama3.1-8b+3.2-1b": ("llama3.1-8b", "llama3.2-1b"),
+    "gemma3-12b+270m": ("gemma3-12b", "gemma3-270m"),
+    "gemma3-27b+270m": ("gemma3-27b", "gemma3-270m"),
+}
+
+
+def test_shipped_pairs_users_ask_for_are_marked_unchecked() -> None:
+    registry = load_registry()
+    for name, (target, draft) in ASKED_FOR.items():
+        pair = registry.pair(name)
+        assert (pair.target, pair.draft) == (target, draft)
+    checked_here = {"qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "smollm2-135m", "gemma3-270m"}
+    for spec in registry.models.values():
+        if spec.name in checked_here:
+            assert spec.checked and spec.size and spec.sha256
+            continue
+        # Never a guessed size or hash: the hub's LFS sha256 is the check, and the description says so.
+        assert (spec.checked, spec.size, spec.sha256, spec.pack) == (False, None, None, None), spec.name
+        assert spec.hub_repo and (spec.hub_file is None) != (spec.hub_quant is None), spec.name
+        assert "not checked here" in (spec.description or ""), spec.name
 
 
 def test_locations_follow_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -158,6 +187,19 @@ def test_bad_toml_names_file_and_line(isolated: Path) -> None:
             ["draft_len"],
         ),
         ("default_pair = 'x'\n", ["default_pair", "unknown top-level key"]),
+        (
+            '[models.h]\nrole = "t"\nchecked = false\nhub_repo = "o/r"\nhub_quant = "Q4_K_M"\nsize = 3\n',
+            [":6:", "models.h.size", "not for a `checked = false` entry"],
+        ),
+        ('[models.h]\nrole = "t"\nchecked = false\nhub_quant = "Q4_K_M"\n', ["models.h.hub_repo", "missing"]),
+        (
+            '[models.h]\nrole = "t"\nchecked = false\nhub_repo = "o/r"\nhub_quant = "Q8_0"\nhub_file = "x.gguf"\n',
+            ["models.h.hub_file", "exactly one of hub_file and hub_quant"],
+        ),
+        (GOOD_MODEL.format(sha="a" * 64) + 'hub_quant = "Q8_0"\n', ["models.mine.hub_quant", "checked = false"]),
+        (GOOD_MODEL.format(sha="a" * 64).replace("size = 1234\n", ""), ["models.mine.size", "checked = false"]),
+        ("[scan]\nfolders = \"~/models\"\n", [":2:", "scan.folders", "expected a list"]),
+        ("[scan]\nfolder = []\n", ["scan.folder", "unknown key"]),
     ],
 )
 def test_bad_entries_name_file_key_and_line(isolated: Path, text: str, fragments: list[str]) -> None:
@@ -169,6 +211,60 @@ def test_bad_entries_name_file_key_and_line(isolated: Path, text: str, fragments
     assert "\n" not in message
     for fragment in fragments:
         assert fragment in message, message
+
+
+def test_scan_folders_expand_home_variables_and_relative_paths(
+    isolated: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("MODELS_AT", "/srv/models")
+    isolated.write_text('[scan]\nfolders = ["~/gguf", "$MODELS_AT/big", "local"]\n')
+    assert load_registry().scan_folders == (tmp_path / "home" / "gguf", Path("/srv/models/big"), tmp_path / "local")
+
+
+@pytest.mark.parametrize(
+    ("text", "fragments"),
+    [
+        ('[models.".."]\nrole = "t"\n', ['models.".."', "must not start with '.'"]),
+        ('[models."a/b"]\nrole = "t"\n', ['models."a/b"', "hold '/'"]),
+        (GOOD_MODEL.format(sha="a" * 64).replace('hub_file = "mine.gguf"', 'hub_file = "mi\\u0000ne.gguf"'),
+         ["models.mine.hub_file", "no NUL"]),  # fmt: skip
+        (
+            GOOD_MODEL.format(sha="a" * 64) + '[models.mine.pack]\npackage = "p{n}"\nversion = "1"\n'
+            'parts = 1000000000\nmember = "m{n}"\n',
+            ["models.mine.pack.parts", "at most 999"],
+        ),
+        ("models = 3\n", ["models", "expected tables like [models.NAME]"]),
+        ("[models]\nmine = 'x'\n", ["models.mine", "expected a table"]),
+        ("x = " + "[" * 50_000 + "]" * 50_000 + "\n", ["invalid TOML", "nested too deep"]),
+    ],
+)
+def test_damaged_user_files_are_errors_not_tracebacks(isolated: Path, text: str, fragments: list[str]) -> None:
+    isolated.write_text(text)
+    with pytest.raises(RegistryError) as exc:
+        load_registry()
+    message = str(exc.value)
+    assert message.startswith(str(isolated)) and "\n" not in message, message
+    for fragment in fragments:
+        assert fragment in message, message
+
+
+def test_an_empty_user_file_adds_nothing(isolated: Path) -> None:
+    isolated.write_text("")
+    assert load_registry().models == load_registry(isolated.with_name("absent.toml")).models
+
+
+@pytest.mark.parametrize("kind", ["not utf-8", "a directory"])
+def test_an_unreadable_user_file_is_an_error(isolated: Path, kind: str) -> None:
+    if kind == "a directory":
+        isolated.mkdir()
+    else:
+        isolated.write_bytes(b'[models.mine]\nrole = "\xff"\n')
+    with pytest.raises(RegistryError) as exc:
+        load_registry()
+    message = str(exc.value)
+    assert message.startswith(f"{isolated}: cannot read: ") and "\n" not in message
+    assert ("directory" in message) if kind == "a directory" else ("utf-8" in message)
 
 
 def test_two_defaults_in_one_file_are_refused(isolated: Path) -> None:

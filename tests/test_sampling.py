@@ -1,4 +1,5 @@
-"""The warp (top-k → top-p → min-p → temperature) against a dense reference, validation, and sampling."""
+"""The warp (top-k → top-p → min-p → temperature) against a dense reference, on every readout path; validation;
+sampling."""
 
 from __future__ import annotations
 
@@ -6,8 +7,19 @@ import numpy as np
 import pytest
 from stat_tools import fits
 
-from edgespec.errors import InvalidParameterError
-from edgespec.sampling import SamplingParams, densify, sample, warp
+from edgespec.errors import InvalidParameterError, ModelError
+from edgespec.sampling import (
+    ARGMAX,
+    LOGITS,
+    Candidates,
+    Dists,
+    Readout,
+    SamplingParams,
+    densify,
+    readout_for,
+    sample,
+    warp,
+)
 
 
 def reference_warp(logits: np.ndarray, sp: SamplingParams) -> np.ndarray:
@@ -50,16 +62,74 @@ def test_warp_matches_dense_reference(params: dict) -> None:
         np.testing.assert_allclose(densify(warp(logits, sp), 500), reference_warp(logits, sp), atol=1e-9)
 
 
+PARAMS = [
+    dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
+    dict(temperature=1.0, top_k=8, top_p=1.0, min_p=0.0),
+    dict(temperature=0.3, top_k=100, top_p=0.5, min_p=0.0),
+    dict(temperature=1.7, top_k=25, top_p=0.9, min_p=0.1),
+]
+
+
+def shuffled_top_k(rows: np.ndarray, k: int, seed: int = 0) -> Candidates:
+    """What llama.cpp's in-graph top-k hands back: the k best of each row with their logits, in no order."""
+    ids = np.argsort(-rows, axis=1)[:, :k]
+    ids = ids[:, np.random.default_rng(seed).permutation(k)]
+    return Candidates(ids.astype(np.int32), np.take_along_axis(rows, ids, axis=1))
+
+
+@pytest.mark.parametrize("params", PARAMS)
+def test_warp_of_llama_cpp_top_k_candidates_equals_the_warp_of_whole_rows(params: dict) -> None:
+    # The backend-sampled path (top-k inside llama.cpp, the rest here) and the whole-row path are one definition.
+    sp = SamplingParams(**params)
+    rows = (np.random.default_rng(3).normal(size=(5, 2000)) * 3).astype(np.float32)
+    from_rows = densify(warp(rows, sp), 2000)
+    from_candidates = densify(warp(shuffled_top_k(rows, sp.top_k), sp), 2000)
+    np.testing.assert_allclose(from_candidates, from_rows, atol=1e-12)
+    np.testing.assert_allclose(from_rows, [reference_warp(r, sp) for r in rows], atol=1e-9)
+
+
+def test_warp_of_many_rows_equals_the_warp_of_each_row() -> None:
+    sp = SamplingParams(temperature=0.8, top_k=0, top_p=0.9, min_p=0.02)  # the whole-row path, rows of any width
+    rows = (np.random.default_rng(4).normal(size=(4, 300)) * 2).astype(np.float32)
+    together = densify(warp(rows, sp), 300)
+    for r in range(4):
+        np.testing.assert_allclose(together[r], densify(warp(rows[r], sp), 300), atol=1e-12)
+
+
+def test_candidates_wider_than_top_k_are_cut_to_the_k_best() -> None:
+    sp = SamplingParams(temperature=1.0, top_k=5, top_p=1.0, min_p=0.0)
+    rows = np.random.default_rng(5).normal(size=(2, 100)).astype(np.float32)
+    np.testing.assert_allclose(
+        densify(warp(shuffled_top_k(rows, 30), sp), 100), densify(warp(rows, sp), 100), atol=1e-12
+    )
+
+
+def test_readout_is_the_cheapest_that_serves_the_params() -> None:
+    assert readout_for(SamplingParams(temperature=0), 1000) == ARGMAX
+    assert readout_for(SamplingParams(top_k=40), 1000) == Readout("top_k", 40)
+    assert readout_for(SamplingParams(top_k=0), 1000) == LOGITS  # top-p and min-p need the whole row
+    assert readout_for(SamplingParams(top_k=5000), 1000) == LOGITS  # top-k wider than the vocabulary is off
+
+
 def test_greedy_warp_is_one_hot_on_argmax() -> None:
     logits = np.array([0.1, 3.0, 2.9, -1.0], dtype=np.float32)
     d = warp(logits, SamplingParams(temperature=0))
-    assert d.ids.tolist() == [1] and d.probs.tolist() == [1.0]
+    assert d.ids.tolist() == [[1]] and d.probs.tolist() == [[1.0]]
+    c = warp(shuffled_top_k(logits[None, :], 3), SamplingParams(temperature=0))
+    assert c.ids.tolist() == [[1]]
 
 
 def test_warp_output_is_sorted_by_probability() -> None:
     logits = np.random.default_rng(1).normal(size=1000).astype(np.float32)
     d = warp(logits, SamplingParams(temperature=1.0, top_k=50, top_p=1.0, min_p=0.0))
-    assert np.all(np.diff(d.probs) <= 0) and d.top == int(np.argmax(logits))
+    assert np.all(np.diff(d.probs[0]) <= 0) and d.top == int(np.argmax(logits))
+
+
+def test_prob_of_reads_each_rows_token_and_padding_never_matches() -> None:
+    d = Dists.stack([Dists(np.array([[4, 2, 7]]), np.array([[0.5, 0.3, 0.2]])), Dists.one_hot([9])])
+    assert d.ids.tolist() == [[4, 2, 7], [9, -1, -1]]
+    np.testing.assert_allclose(d.prob_of(np.array([7, 9])), [0.2, 1.0])
+    np.testing.assert_allclose(d.prob_of(np.array([1, 4])), [0.0, 0.0])
 
 
 def test_sample_follows_the_distribution() -> None:
@@ -71,6 +141,13 @@ def test_sample_follows_the_distribution() -> None:
         counts[sample(d, rng)] += 1
     ok, why = fits(counts, densify(d, 5))
     assert ok, why
+
+
+def test_sample_draws_from_the_row_asked_for() -> None:
+    d = Dists.stack([Dists.one_hot([3]), Dists(np.array([[1, 2]]), np.array([[0.5, 0.5]]))])
+    rng = np.random.default_rng(0)
+    assert {sample(d, rng, row=0) for _ in range(50)} == {3}
+    assert {sample(d, rng, row=1) for _ in range(50)} == {1, 2}
 
 
 def test_seed_makes_sampling_reproducible() -> None:
@@ -102,3 +179,25 @@ def test_invalid_parameters_are_rejected_with_a_clear_message(bad: dict, words: 
 
 def test_stop_accepts_a_single_string() -> None:
     assert SamplingParams(stop="\n\n").stop == ("\n\n",)
+
+
+@pytest.mark.parametrize("poison", [np.nan, np.inf])
+def test_logits_a_damaged_model_computes_are_a_model_error(poison: float) -> None:
+    """Mangled weights can make llama.cpp return NaN logits; sampling says so instead of failing on an empty set."""
+    logits = np.linspace(-2.0, 2.0, 100)
+    logits[7] = poison
+    rows = np.stack([np.linspace(-1.0, 1.0, 100), logits])
+    damaged = f"the model computed {poison} logits: its weights are damaged"
+    for scores, params in [
+        (logits, SamplingParams()),  # one row, top-k in numpy
+        (logits, SamplingParams(top_k=0)),  # one whole row
+        (rows, SamplingParams()),  # several rows (a verify)
+        (shuffled_top_k(logits[None, :], 100), SamplingParams(top_k=100)),  # candidates from llama.cpp
+    ]:
+        with pytest.raises(ModelError, match=damaged):
+            warp(scores, params)
+    masked = np.full(100, -np.inf)
+    masked[3] = 1.0  # -inf is a masked token, not damage
+    for params in (SamplingParams(), SamplingParams(top_k=0)):
+        d = warp(masked, params)
+        assert list(d.ids[0][d.probs[0] > 0]) == [3]

@@ -20,7 +20,7 @@ from edgespec.events import Chunk
 from edgespec.sampling import SamplingParams
 from tui.app import ChatApp
 from tui.screens import HelpScreen, LoadingPanel
-from tui.widgets import AssistantMessage, Notice, SpanBlock, UserMessage
+from tui.widgets import AssistantMessage, Notice, SpanBlock, StatusLine, UserMessage
 
 pytestmark = pytest.mark.real
 
@@ -105,6 +105,10 @@ def test_reply_meter_and_highlighting(runtime, store):
                 assert values["speedup"] == f"{stats.generated / busy / stats.plain_tokens_per_second:.2f}×"
             assert len(meter.per_round) == stats.rounds and sum(meter.per_round) == stats.accepted
             assert stats.decision and str(meter.query_one("#meter-why").render()) == f"why: {stats.decision}"
+
+            # The status line says where each model runs (this build has no GPU: -ngl auto is the CPU).
+            status = str(app.query_one(StatusLine).describe())
+            assert "target SmolLM2" in status and " · CPU" in status and "draft  SmolLM2" in status
 
             # Accepted draft tokens are highlighted; the toggle turns that into plain Markdown and back.
             assert stats.accepted > 0

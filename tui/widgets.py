@@ -320,12 +320,6 @@ def _pct(x: float) -> str:
     return f"{x:.0%}"
 
 
-def where(on_gpu: bool, n_gpu_layers: int) -> str:
-    if not on_gpu:
-        return "CPU" if n_gpu_layers == 0 else "CPU (no GPU in this build)"
-    return "GPU, all layers" if n_gpu_layers < 0 else f"GPU, {n_gpu_layers} layers"
-
-
 class StatusLine(Static):
     """Models, where they run, context use and the current settings."""
 
@@ -367,4 +361,5 @@ def _model_line(role: str, model: ModelInfo | None) -> Text:
     if model is None:
         return line.append("none (prompt lookup only)")
     line.append(model.name, "bold")
-    return line.append(f" · {model.description} · {where(model.on_gpu, model.n_gpu_layers)}")
+    line.append(f" · {model.description} · {model.placement}")
+    return line.append(" · bit-exact") if model.bit_exact else line

@@ -15,7 +15,7 @@ from edgespec.cli.serve import serve
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "EDGESPEC"})
-@click.option("--verbose", "-v", is_flag=True, help="Log what edgespec (and llama.cpp's errors) says.")
+@click.option("--verbose", "-v", is_flag=True, help="Log what edgespec says, and llama.cpp's warnings and errors.")
 @click.version_option(package_name="edgespec")
 def main(verbose: bool) -> None:
     """edgespec: a big model answering faster on your own machine.

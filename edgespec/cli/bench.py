@@ -16,8 +16,11 @@ from edgespec.bench import (
     RunRecord,
     decode_costs,
     load_tasks,
+    loop_costs,
     parse_strategies,
     render_costs,
+    render_loop_costs,
+    render_prompt,
     render_report,
     run_bench,
 )
@@ -57,7 +60,14 @@ def _split(value: str | None) -> list[str]:
     show_default=True,
     help="γ of the fixed 'lookup' strategy and of the peer's prompt lookup.",
 )
-@click.option("--temperature", "--temp", default=0.0, show_default=True, help="0 = greedy.")
+@click.option(
+    "--temperature",
+    "--temp",
+    type=float,
+    default=None,
+    help="0 = greedy (the default), with top-k 40, top-p 0.95, min-p 0.05 above 0. With --loop-cost: the "
+    "temperature compared with greedy (default 0.8).",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for --temperature > 0.")
 @click.option(
     "--workloads",
@@ -71,6 +81,16 @@ def _split(value: str | None) -> list[str]:
     help="Only measure what one decode of k tokens costs for the target and the draft (the numbers behind "
     "every speculation decision on this machine), and print that table.",
 )
+@click.option(
+    "--loop-cost",
+    is_flag=True,
+    help="Only measure what edgespec's own loop costs beside llama.cpp: plain decoding (and the draft model at "
+    "γ=4, lookup off) greedy and at --temperature, runs alternating in one process, over the first prompt of each "
+    "task class; prints ms per token and per round spent outside llama.cpp's forward passes.",
+)
+@click.option(
+    "--repeats", type=click.IntRange(min=1), default=3, show_default=True, help="Repetitions for --loop-cost."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print all measurements and summaries as JSON.")
 def bench(
     tasks: str | None,
@@ -79,10 +99,12 @@ def bench(
     strategies: str,
     peers: bool,
     lookup_len: int,
-    temperature: float,
+    temperature: float | None,
     seed: int,
     workloads: Path | None,
     costs: bool,
+    loop_cost: bool,
+    repeats: int,
     as_json: bool,
     **opts: Any,
 ) -> None:
@@ -97,18 +119,27 @@ def bench(
 
     from tqdm import tqdm
 
-    from edgespec.sampling import SamplingParams
+    from edgespec.sampling import SamplingParams, readout_for
 
     with user_errors():
         suite = load_tasks(_split(tasks), prompts_per_task=prompts_per_task, source=workloads)
+        if temperature is None:
+            temperature = 0.8 if loop_cost else 0.0
         params = SamplingParams(temperature=temperature, seed=seed, max_tokens=max_tokens)
         names = _split(strategies) + (list(PEER_STRATEGIES) if peers else [])
         parse_strategies(names, has_draft=True)  # a typo fails before the models load
         with load_runtime(opts, quiet=as_json) as runtime:
             target, draft = runtime.engine.target, runtime.engine.draft_model
             if costs:
-                table = {m.name: decode_costs(m) for m in (target, draft) if m is not None}
+                table = {
+                    m.name: decode_costs(m, readout=readout_for(params, m.n_vocab))
+                    for m in (target, draft)
+                    if m is not None
+                }
                 click.echo(json.dumps(table, indent=1) if as_json else render_costs(table))
+                return
+            if loop_cost:
+                _loop_cost(target, draft, suite, params, repeats, as_json)
                 return
             if draft is None and any(_DRAFT_N.fullmatch(n) for n in names):
                 click.echo("note: no draft model, so the draft-N strategies are skipped", err=True)
@@ -126,3 +157,34 @@ def bench(
         click.echo(json.dumps(result.to_json(), indent=1))
     else:
         click.echo(render_report(result))
+
+
+def _loop_cost(target: Any, draft: Any, suite: Any, params: Any, repeats: int, as_json: bool) -> None:
+    import json
+    from dataclasses import asdict
+
+    from tqdm import tqdm
+
+    prompts = [render_prompt(target, task.prompts[0].messages) for task in suite]
+    temperatures = [0.0] if params.temperature == 0 else [0.0, params.temperature]
+    runs = repeats * len(temperatures) * (2 if draft is not None else 1)
+    with tqdm(total=runs, desc="loop cost", unit="run", file=sys.stderr, disable=None, leave=False) as bar:
+        rows = loop_costs(
+            target,
+            draft,
+            prompts,
+            temperatures,
+            max_tokens=params.max_tokens,
+            repeats=repeats,
+            seed=params.seed or 0,
+            on_run=lambda: bar.update(1),
+        )
+    if as_json:
+        click.echo(json.dumps([asdict(r) for r in rows], indent=1))
+        return
+    header = (
+        f"loop cost: target {target.name}, draft {draft.name if draft is not None else 'none'}, "
+        f"{len(prompts)} prompts x up to {params.max_tokens} tokens, {repeats} alternating repetitions, "
+        f"{target.n_threads} threads"
+    )
+    click.echo(render_loop_costs(rows, header))

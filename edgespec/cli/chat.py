@@ -49,8 +49,10 @@ def chat(**opts: Any) -> None:
         params = sampling_params(opts)
         target, draft, draft_len = _models(opts, conversation)
     except EdgespecError as exc:
+        _report_set_aside(store, besides=str(exc))
         fail(str(exc))
         return
+    _report_set_aside(store)
     if conversation is None:
         conversation = Conversation(system=opts["system"])
     conversation.target, conversation.draft = target, draft  # what `--resume` reloads next time
@@ -84,8 +86,20 @@ def _threads_beside_ui(requested: int | None) -> int:
     return max(1, min(default_threads(), (os.cpu_count() or 2) - 1))
 
 
+def _report_set_aside(store, *, besides: str | None = None) -> None:
+    """Say which saved chats could not be read (moved aside or left alone), one warning line each, on stderr.
+
+    Printed before the TUI takes the screen, so they are there again when it closes. ``besides``: the error about to
+    be printed, which may already be about one of them.
+    """
+    for note in store.set_aside:
+        if str(note) != besides:
+            click.echo(f"warning: {note}", err=True)
+
+
 def _list(store) -> None:
     chats = store.list()
+    _report_set_aside(store)
     if not chats:
         click.echo(f"no saved chats in {store.root}", err=True)
         return
@@ -117,6 +131,11 @@ def _models(opts: dict[str, Any], conversation) -> tuple[str, str | None, int | 
         chosen = resolve_pair(pair)
         target, hint = chosen.target, chosen.draft_len
         draft = draft if draft is not None else chosen.draft
+    if draft is None:  # a target named without --draft: its pair's draft, else the best one here
+        from edgespec.cli.common import default_draft
+
+        draft, pair_hint = default_draft(target)
+        hint = pair_hint or hint
     if draft is not None and draft.lower() == "none":
         draft = None
     draft_len = opts["draft_len"] if opts["draft_len"] is not None else hint
@@ -138,6 +157,8 @@ def _run_repl(load, params, store, conversation) -> None:
         return
     if sys.stderr.isatty():
         click.echo("\r\x1b[K", err=True, nl=False)
+    if runtime.draft_choice is not None:
+        click.echo(runtime.draft_choice, err=True)
     with runtime:
         code = run_repl(ChatSession(runtime, params, store, conversation))
     sys.exit(code)

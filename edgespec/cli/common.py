@@ -47,27 +47,65 @@ def parse_draft_len(_ctx: click.Context | None, _param: click.Parameter | None, 
         raise click.BadParameter(str(exc)) from None
 
 
+def parse_gpu_layers(_ctx: click.Context | None, _param: click.Parameter | None, value: str | None) -> int | None:
+    """Click callback for -ngl/-ngld: 'auto' (None: offload what fits), 'all' (-1) or a number of layers."""
+    if value is None:
+        return None
+    text = str(value).strip().lower()
+    if text == "auto":
+        return None
+    if text == "all":
+        return -1
+    try:
+        layers = int(text)
+    except ValueError:
+        raise click.BadParameter(f"expected 'auto', 'all' or a number of layers, got {value!r}") from None
+    if layers < -1:
+        raise click.BadParameter(f"expected 'auto', 'all', -1 or a number of layers >= 0, got {value!r}")
+    return layers
+
+
+BIT_EXACT_HELP = (
+    "Greedy output token-identical to plain decoding whatever the drafter and γ: loads the target without "
+    "llama.cpp's CPU weight repacking, whose batched kernels round differently from single-token ones. "
+    "Costs decode speed (plain decoding of the Qwen2.5-Coder 1.5B on a 2-core CPU: BIT_EXACT_COST slower)."
+)
+
+
 def model_options(f: Callable) -> Callable:
-    """Options shared by every command that loads models (generate, chat, bench)."""
+    """Options shared by every command that loads models (generate, chat, bench, serve)."""
     for decorator in reversed(
         [
             click.option("--pair", help="A target/draft pair from models.toml (default: the registry's default)."),
-            click.option("--target", "-m", help="Target model: a GGUF path or a models.toml name."),
-            click.option("--draft", "-d", help="Draft model: a GGUF path, a models.toml name, or 'none'."),
+            click.option(
+                "--target",
+                "-m",
+                help="Target model: a GGUF path, a models.toml name, hf:ORG/REPO[:QUANT] or an id from "
+                "`edgespec models scan`.",
+            ),
+            click.option(
+                "--draft",
+                "-d",
+                help="Draft model: a GGUF path, a models.toml name, hf:ORG/REPO[:QUANT], an id from `edgespec "
+                "models scan`, 'auto' (the best compatible one here) or 'none'. Default: the pair's draft, else auto.",
+            ),
             click.option("--n-ctx", default=4096, show_default=True, help="Context window in tokens."),
             click.option(
                 "--n-gpu-layers",
                 "-ngl",
-                default=0,
+                default="auto",
                 show_default=True,
-                help="Target layers to offload to the GPU (-1 = all). Needs a CUDA/Metal build.",
+                callback=parse_gpu_layers,
+                help="Target layers on the GPU: 'auto' (as many as fit its free memory; none without a GPU build), "
+                "'all' (= -1), or a number; 0 = CPU only. Offload needs a CUDA/Metal/Vulkan build.",
             ),
             click.option(
                 "--n-gpu-layers-draft",
                 "-ngld",
-                type=int,
                 default=None,
-                help="Draft layers to offload (default: same as --n-gpu-layers).",
+                callback=parse_gpu_layers,
+                help="Draft layers on the GPU, as for -ngl (default: what fits after the target with -ngl auto, "
+                "else the same as -ngl).",
             ),
             click.option("--threads", "-t", type=int, default=None, help="CPU threads (default: physical cores)."),
             click.option("--draft-len", default=None, callback=parse_draft_len, help=DRAFT_LEN_HELP),
@@ -83,6 +121,7 @@ def model_options(f: Callable) -> Callable:
                 show_default=True,
                 help="Stop a model draft when its top probability falls below this.",
             ),
+            click.option("--bit-exact", is_flag=True, help=BIT_EXACT_HELP),
         ]
     ):
         f = decorator(f)
@@ -139,9 +178,20 @@ def pick_models(pair: str | None, target: str | None, draft: str | None) -> tupl
         draft_len_hint = chosen.draft_len
     elif pair is not None:
         raise click.UsageError("use either --pair or --target/--draft, not both")
+    elif draft is None:
+        draft, draft_len_hint = default_draft(target)
     if draft is not None and draft.lower() == "none":
         draft = None
     return target, draft, draft_len_hint
+
+
+def default_draft(target: str) -> tuple[str, Any]:
+    """The draft for a target named without --draft: its registry pair's draft (and draft length), else 'auto'."""
+    from edgespec.models.registry import load_registry
+
+    registry = load_registry()
+    pairs = sorted((p for p in registry.pairs.values() if p.target == target), key=lambda p: not p.default)
+    return (pairs[0].draft, pairs[0].draft_len) if pairs else ("auto", None)
 
 
 def load_options(opts: dict[str, Any]) -> dict[str, Any]:
@@ -153,6 +203,7 @@ def load_options(opts: dict[str, Any]) -> dict[str, Any]:
         "n_threads": opts["threads"],
         "lookup": opts["lookup"],
         "p_min": opts["p_min"],
+        "bit_exact": opts["bit_exact"],
     }
 
 
@@ -183,12 +234,24 @@ def load_runtime(opts: dict[str, Any], *, quiet: bool = False):
         bar.update(int(fraction * 100) - bar.n)
 
     try:
-        return load(
+        runtime = load(
             target, draft, draft_len=draft_len, progress=progress, show_fetch_progress=not quiet, **load_options(opts)
         )
     finally:
         for bar in bars.values():
             bar.close()
+    if runtime.draft_choice is not None:
+        click.echo(runtime.draft_choice, err=True)
+    if not quiet:
+        click.echo(describe_load(runtime), err=True)
+    return runtime
+
+
+def describe_load(runtime) -> str:
+    """The load line: what runs where."""
+    t, d = runtime.target, runtime.draft
+    line = f"target {t.name} on {t.placement}" + (" (bit-exact)" if t.bit_exact else "")
+    return line + (f" | draft {d.name} on {d.placement}" if d is not None else " | no draft model")
 
 
 def describe_stats(s: Stats) -> str:
@@ -199,5 +262,6 @@ def describe_stats(s: Stats) -> str:
         f"{s.tokens_per_verify:.2f} tokens/verify over {s.rounds} verifies | "
         f"prefill {s.prefilled_tokens}/{s.prompt_tokens} tokens {s.t_prefill:.2f}s, draft {s.t_draft:.2f}s, "
         f"verify {s.t_verify:.2f}s, sampling {s.t_sample:.3f}s, other {s.t_other:.3f}s | "
-        f"outside llama.cpp {s.python_overhead:.1%} ({s.generated} tokens, {s.rounds} verifies)"
+        f"outside llama.cpp {s.outside_ms_per_token:.3f} ms/token ({s.python_overhead:.1%}); "
+        f"sampling: {s.sampling_path}"
     )

@@ -57,7 +57,15 @@ def generate(prompt: str, as_chat: bool, as_json: bool, **opts: Any) -> None:
                             "text": result.text,
                             "tokens": list(result.tokens),
                             "finish_reason": result.finish_reason,
-                            "stats": result.stats.as_dict(),
+                            "stats": {
+                                **result.stats.as_dict(),
+                                # where each model ran: "CPU", or the GPU and how many layers
+                                "target_placement": runtime.target.placement,
+                                "draft_placement": runtime.draft.placement if runtime.draft else None,
+                                "bit_exact": runtime.target.bit_exact,
+                            },
+                            "target": runtime.target.path,
+                            "draft": runtime.draft.path if runtime.draft is not None else None,
                         }
                     )
                 )

@@ -13,13 +13,13 @@ from typing import Protocol
 
 import numpy as np
 
-from edgespec.sampling import Dist, SamplingParams
+from edgespec.sampling import Dists, SamplingParams
 
 
 @dataclass(frozen=True)
 class Draft:
     tokens: list[int]  # d_1 .. d_γ' (γ' <= the γ asked for; may be empty: "nothing to propose")
-    q: list[Dist] | None  # q_1 .. q_γ' the tokens were sampled from; None for a deterministic drafter
+    q: Dists | None  # rows q_1 .. q_γ' the tokens were sampled from; None for a deterministic drafter
 
     @staticmethod
     def empty() -> Draft:

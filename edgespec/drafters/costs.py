@@ -9,6 +9,8 @@ rounds keep refining them in memory.
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 import platform
 import tempfile
@@ -16,6 +18,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from edgespec.sampling import LOGITS, Readout
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -25,14 +31,16 @@ class Costs:
     catchup: dict[str, float]  # seconds per caught-up token, per drafter
 
 
-def time_decodes(model: Any, token: int, width: int, repeat: int, *, logits: bool = True) -> list[float]:
+def time_decodes(model: Any, token: int, width: int, repeat: int, readout: Readout | None = LOGITS) -> list[float]:
     """Seconds of each of ``repeat`` decodes of ``width`` copies of ``token`` at the model's current KV position,
-    each rolled back. With ``logits``, logits at every row (what a verify asks); without, none (a catch-up)."""
+    each rolled back. With a ``readout``, every row is scored that way (what a verify asks); with None, no row is
+    (a catch-up)."""
     keep = len(model.kv_tokens)
     times = []
+    rows = range(width) if readout is not None else ()
     for _ in range(repeat):
         t0 = time.perf_counter()
-        model.decode([token] * width, range(width) if logits else ())
+        model.decode([token] * width, rows, readout or LOGITS)
         times.append(time.perf_counter() - t0)
         model.truncate(keep)
     return times
@@ -50,31 +58,34 @@ def setup_key(*models: Any) -> str:
         parts.append(
             f"{path.resolve() if stat else path}|{stat.st_size if stat else 0}|{int(stat.st_mtime) if stat else 0}"
             f"|threads={getattr(m, 'n_threads', '?')}|ngl={getattr(m, 'n_gpu_layers', 0)}"
+            f"|bit_exact={getattr(m, 'bit_exact', False)}"
         )
     return " ".join(parts)
 
 
 class CostCache:
-    """A JSON file mapping setup keys to :class:`Costs`. Unreadable or foreign content counts as empty."""
+    """A JSON file mapping setup keys to :class:`Costs`.
+
+    A file that cannot be used (unreadable, cut short, not JSON, not an object) or an entry that is not a set of
+    costs (wrong shape, a negative or non-finite time) is only a cache: a warning says so once, the costs are
+    measured again, and the next :meth:`put` writes a sound file without the bad content.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._warned = False
 
     def get(self, key: str) -> Costs | None:
         entry = self._read().get(key)
-        if not isinstance(entry, dict):
+        if entry is None:
             return None
-        try:
-            return Costs(
-                verify={int(b): float(s) for b, s in entry["verify"].items()},
-                draft={str(d): float(s) for d, s in entry["draft"].items()},
-                catchup={str(d): float(s) for d, s in entry["catchup"].items()},
-            )
-        except (KeyError, TypeError, ValueError, AttributeError):
-            return None
+        costs = _parse_costs(entry)
+        if costs is None:
+            self._warn("holds a malformed entry for this setup")
+        return costs
 
     def put(self, key: str, costs: Costs) -> None:
-        data = self._read()
+        data = {k: v for k, v in self._read().items() if _parse_costs(v) is not None}
         data[key] = asdict(costs)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -88,7 +99,37 @@ class CostCache:
 
     def _read(self) -> dict[str, Any]:
         try:
-            data = json.loads(self.path.read_text())
-        except (OSError, ValueError):
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return {}  # nothing measured yet
+        except (OSError, UnicodeDecodeError) as exc:
+            self._warn(f"cannot be read ({getattr(exc, 'strerror', None) or exc})")
             return {}
-        return data if isinstance(data, dict) else {}
+        try:
+            data = json.loads(text)
+        except (ValueError, RecursionError):
+            self._warn("is empty" if not text.strip() else "is not valid JSON")
+            return {}
+        if not isinstance(data, dict):
+            self._warn("does not hold a JSON object")
+            return {}
+        return data
+
+    def _warn(self, problem: str) -> None:
+        if not self._warned:  # once per cache: every round of a session reads it
+            log.warning("the cost cache %s %s; measuring the costs again and rewriting it", self.path, problem)
+            self._warned = True
+
+
+def _parse_costs(entry: Any) -> Costs | None:
+    """The costs in one cache entry, or None if it is not one (wrong shape, a time that is negative or not finite)."""
+    try:
+        costs = Costs(
+            verify={int(b): float(s) for b, s in entry["verify"].items()},
+            draft={str(d): float(s) for d, s in entry["draft"].items()},
+            catchup={str(d): float(s) for d, s in entry["catchup"].items()},
+        )
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    times = [*costs.verify.values(), *costs.draft.values(), *costs.catchup.values()]
+    return costs if all(math.isfinite(t) and t >= 0 for t in times) else None

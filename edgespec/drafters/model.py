@@ -13,7 +13,7 @@ import numpy as np
 
 from edgespec.drafters.base import Draft
 from edgespec.models.backend import Model
-from edgespec.sampling import Dist, SamplingParams, sample, warp
+from edgespec.sampling import LOGITS, Dists, SamplingParams, Scores, readout_for, sample, warp
 
 
 class ModelDrafter:
@@ -36,28 +36,28 @@ class ModelDrafter:
         if max_len <= 0:
             return Draft.empty()
         model = self.model
+        # A greedy draft needs only each step's argmax, unless the confidence cutoff needs the whole row.
+        readout = LOGITS if params.greedy and self.p_min > 0 else readout_for(params, model.n_vocab)
         # Everything committed that the KV lacks: [x_{n-1}] usually, [d_γ, t] after a fully accepted round, more
         # after rounds this drafter sat out. One decode catches up and yields q_1.
         pending = context[len(model.kv_tokens) :]
-        # A greedy draft without a confidence cutoff needs only each step's argmax, not its logits row.
-        only_top = params.greedy and self.p_min <= 0
-        step = model.decode(pending, [len(pending) - 1], argmax=only_top)[0]
+        scores = model.decode(pending, [len(pending) - 1], readout)
         tokens: list[int] = []
-        qs: list[Dist] = []
+        qs: list[Dists] = []
         while True:
-            if only_top:
-                d = int(step)
+            if readout.kind == "argmax":
+                d = int(scores[0])
             else:
-                q = warp(step, params)
-                if self.p_min > 0 and _confidence(step, q, params) < self.p_min:
+                q = warp(scores, params)  # [1, k]
+                if self.p_min > 0 and _confidence(scores, q, params) < self.p_min:
                     break
                 d = q.top if params.greedy else sample(q, rng)
                 qs.append(q)
             tokens.append(d)
             if len(tokens) == max_len:
                 break
-            step = model.decode([d], [0], argmax=only_top)[0]
-        return Draft(tokens, None if params.greedy else qs)
+            scores = model.decode([d], [0], readout)
+        return Draft(tokens, None if params.greedy or not qs else Dists.stack(qs))
 
     def commit(self, context: Sequence[int]) -> None:
         # Roll back: keep the longest prefix of the KV that is committed, never the pending last token.
@@ -70,9 +70,11 @@ class ModelDrafter:
         self._committed = i
 
 
-def _confidence(logits: np.ndarray, q: Dist, params: SamplingParams) -> float:
-    """Top probability of the draft: of q when sampling, of the temperature-1 softmax when greedy (q is one-hot)."""
+def _confidence(scores: Scores, q: Dists, params: SamplingParams) -> float:
+    """Top probability of the draft: of q when sampling, of the temperature-1 softmax of the whole row when greedy
+    (q is one-hot then, and the readout whole logits)."""
     if not params.greedy:
         return q.top_prob
-    top = float(logits.max())
-    return 1.0 / float(np.exp(logits - top).sum()) if math.isfinite(top) else 0.0
+    assert isinstance(scores, np.ndarray)
+    top = float(scores.max())
+    return 1.0 / float(np.exp(scores - top).sum()) if math.isfinite(top) else 0.0

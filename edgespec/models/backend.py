@@ -1,9 +1,15 @@
 """The llama.cpp adapter: the only module that imports llama_cpp.
 
 One :class:`Model` is a loaded GGUF with its own context (KV cache) on sequence 0. The engine talks to it in four
-verbs: ``tokenize``, ``decode`` (tokens at positions, logits only at the rows asked for), ``truncate`` (drop the
+verbs: ``tokenize``, ``decode`` (tokens at positions, scores only at the rows asked for), ``truncate`` (drop the
 KV from a position on) and ``piece`` (token → bytes). Everything is the low-level C API, so a verify of γ+1
 tokens is one ``llama_decode`` whose output buffer holds γ+1 rows, never n_ctx × n_vocab.
+
+What a decode hands back per row is a :class:`~edgespec.sampling.Readout`: whole logits rows, or only what
+sampling needs, selected inside llama.cpp's decode graph by a backend sampler chain on sequence 0 (each row's
+argmax, or its top-k tokens with their logits). A GPU then copies k numbers a row instead of 150k, and the CPU side
+never touches a vocabulary-sized array. The chain is swapped only when the readout changes (llama.cpp then
+re-plans its compute graph once), which is per request at most.
 """
 
 from __future__ import annotations
@@ -20,19 +26,33 @@ import llama_cpp
 import numpy as np
 
 from edgespec.errors import ContextOverflowError, ModelError
+from edgespec.models.offload import Need, describe, plan_layers
+from edgespec.sampling import LOGITS, Candidates, Readout, Scores
+
+# Rows one decode may score: the widest verify (γ ≤ 64, plus the pending token). llama.cpp sizes its output
+# buffers and, with a backend sampler, one sampling subgraph per row by this, so it is not left at n_batch.
+MAX_ROWS = 65
 
 log = logging.getLogger("edgespec.models.backend")
 
 # ggml log levels: 0 none, 1 debug, 2 info, 3 warn, 4 error, 5 continuation of the previous line.
-_GGML_LOG_ERROR = 4
+_GGML_LOG_WARN, _GGML_LOG_ERROR, _GGML_LOG_CONT = 3, 4, 5
+# llama.cpp's own log, as its own logger: `edgespec -v` shows its warnings and errors, never more by default.
+_llama_log = logging.getLogger("llama.cpp")
+_last_log_level = logging.DEBUG
 
 
 @llama_cpp.llama_log_callback
 def _forward_llama_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
-    # llama.cpp is chatty on stderr (every tensor on load). Keep only its errors, through Python logging, so the
-    # CLI and the TUI own the terminal.
-    if level == _GGML_LOG_ERROR:
-        log.error(text.decode("utf-8", errors="replace").rstrip())
+    # llama.cpp is chatty on stderr (every tensor on load), and a file it refuses gets several lines of errors
+    # before edgespec's own one-line message. Route all of it through Python logging so the CLI and the TUI own the
+    # terminal: warnings and errors at INFO (shown with -v), the rest at DEBUG.
+    global _last_log_level
+    if level != _GGML_LOG_CONT:
+        _last_log_level = logging.INFO if level in (_GGML_LOG_WARN, _GGML_LOG_ERROR) else logging.DEBUG
+    message = text.decode("utf-8", errors="replace").rstrip()
+    if message and _llama_log.isEnabledFor(_last_log_level):
+        _llama_log.log(_last_log_level, message)
 
 
 _backend_ready = False
@@ -43,6 +63,11 @@ def _init_backend() -> None:
     if not _backend_ready:
         if not os.environ.get("EDGESPEC_LLAMA_LOG"):
             llama_cpp.llama_log_set(_forward_llama_log, ctypes.c_void_p(0))
+            # When llama.cpp aborts (a GGML_ASSERT), ggml prints a backtrace, attaching gdb when it finds one,
+            # unless this is set when the abort happens (ggml_print_backtrace in ggml.c). A user gets the one-line
+            # assertion instead of a debugger session; EDGESPEC_LLAMA_LOG=1 keeps llama.cpp's raw output, backtrace
+            # included, for debugging.
+            os.environ.setdefault("GGML_NO_BACKTRACE", "1")
         llama_cpp.llama_backend_init()
         _backend_ready = True
 
@@ -50,6 +75,84 @@ def _init_backend() -> None:
 def gpu_offload_supported() -> bool:
     """Whether this llama-cpp-python build can offload layers (CUDA, Metal, Vulkan, ...)."""
     return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    free: int  # bytes
+    total: int
+
+
+_GGML_DEV_GPU, _GGML_DEV_IGPU = 1, 2
+
+
+def gpu_devices() -> list[Device]:
+    """The GPUs llama.cpp can offload to, with their free memory (empty on a CPU-only build)."""
+    _init_backend()
+    if not gpu_offload_supported():
+        return []
+    from llama_cpp._ggml import libggml  # llama-cpp-python's handle on libggml, whose device API it does not bind
+
+    size_p = ctypes.POINTER(ctypes.c_size_t)
+    for name, restype, argtypes in (
+        ("ggml_backend_dev_count", ctypes.c_size_t, []),
+        ("ggml_backend_dev_get", ctypes.c_void_p, [ctypes.c_size_t]),
+        ("ggml_backend_dev_type", ctypes.c_int, [ctypes.c_void_p]),
+        ("ggml_backend_dev_name", ctypes.c_char_p, [ctypes.c_void_p]),
+        ("ggml_backend_dev_memory", None, [ctypes.c_void_p, size_p, size_p]),
+    ):
+        fn = getattr(libggml, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    found = []
+    for i in range(libggml.ggml_backend_dev_count()):
+        dev = libggml.ggml_backend_dev_get(i)
+        if libggml.ggml_backend_dev_type(dev) not in (_GGML_DEV_GPU, _GGML_DEV_IGPU):
+            continue
+        free, total = ctypes.c_size_t(), ctypes.c_size_t()
+        libggml.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        found.append(Device(libggml.ggml_backend_dev_name(dev).decode(errors="replace"), free.value, total.value))
+    return found
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What offload planning needs to know of a model before loading its weights."""
+
+    n_layer: int
+    kv_bytes_per_token: int  # K and V, all layers, f16
+
+
+def model_shape(path: str | os.PathLike) -> Shape:
+    """Layer count and KV size per token, read by llama.cpp without allocating or reading any weights."""
+    _init_backend()
+    params = llama_cpp.llama_model_default_params()
+    params.no_alloc = True
+    params.load_mode = 0  # LLAMA_LOAD_MODE_NONE: llama.cpp asserts that a no-alloc load maps nothing
+    params.n_gpu_layers = 0
+    model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+    if not model:
+        raise ModelError(f"llama.cpp could not read {path} (not a GGUF model it supports, or corrupt)")
+    try:
+        n_layer = int(llama_cpp.llama_model_n_layer(model))
+        n_head = max(int(llama_cpp.llama_model_n_head(model)), 1)
+        head_dim = int(llama_cpp.llama_model_n_embd(model)) // n_head
+        kv = 2 * n_layer * int(llama_cpp.llama_model_n_head_kv(model)) * head_dim * 2
+    finally:
+        llama_cpp.llama_model_free(model)
+    return Shape(n_layer, kv)
+
+
+def auto_gpu_layers(models: Sequence[tuple[str | os.PathLike, int]]) -> list[int]:
+    """``n_gpu_layers`` for each ``(path, n_ctx)``, offloading what fits the GPUs' free memory (0 without a GPU)."""
+    devices = gpu_devices()
+    if not devices:
+        return [0] * len(models)
+    needs = []
+    for path, n_ctx in models:
+        shape = model_shape(path)
+        needs.append(Need(Path(path).stat().st_size, shape.n_layer, shape.kv_bytes_per_token * n_ctx))
+    return plan_layers(sum(d.free for d in devices), needs)
 
 
 def default_threads() -> int:
@@ -71,10 +174,39 @@ class VocabInfo:
 LoadProgress = Callable[[float], None]
 
 
+def _ascending_within(rows: Sequence[int], n: int) -> bool:
+    if len(rows) > MAX_ROWS or rows[0] < 0 or rows[-1] >= n:
+        return False
+    return isinstance(rows, range) or all(a < b for a, b in zip(rows[:-1], rows[1:], strict=True))
+
+
+def _allocate(readout: Readout, n_rows: int, n_vocab: int) -> Scores:
+    if readout.kind == "argmax":
+        return np.empty(n_rows, dtype=np.int64)
+    if readout.kind == "top_k":
+        # int32 ids: llama_token, copied as they are
+        return Candidates(np.empty((n_rows, readout.k), np.int32), np.empty((n_rows, readout.k), np.float32))
+    return np.empty((n_rows, n_vocab), dtype=np.float32)
+
+
+def _emulate(readout: Readout, logits: np.ndarray) -> Scores:
+    """What ``readout`` would have selected in llama.cpp's graph, from whole logits rows."""
+    if readout.kind == "argmax":
+        return logits.argmax(axis=1)
+    if readout.kind == "top_k":
+        ids = np.argpartition(logits, -readout.k, axis=1)[:, -readout.k :]
+        return Candidates(ids.astype(np.int32), np.take_along_axis(logits, ids, axis=1))
+    return logits
+
+
 class Model:
     """A loaded GGUF model with one KV cache.
 
     ``n_gpu_layers``: layers to offload (-1 = all, 0 = CPU only; ignored by a CPU-only build).
+    ``bit_exact``: no CPU weight repacking (llama.cpp's ``--no-repack``). Repacked weights run a batch through gemm
+    kernels in groups of 4 rows and the rest through gemv, which round differently: then a batched verify can
+    flip a near-tie that single-token decoding would not. Without repacking, each logit is the same dot product
+    whatever the batch width, so greedy speculation is token-identical to plain decoding; it costs decode speed.
     """
 
     def __init__(
@@ -85,6 +217,7 @@ class Model:
         n_gpu_layers: int = 0,
         n_threads: int | None = None,
         n_batch: int = 512,
+        bit_exact: bool = False,
         progress: LoadProgress | None = None,
     ) -> None:
         _init_backend()
@@ -94,12 +227,16 @@ class Model:
         self.name = self.path.name
         self.n_gpu_layers = n_gpu_layers
         self.n_threads = n_threads or default_threads()
+        self.bit_exact = bit_exact
         self._model = None
         self._ctx = None
         self._batch = None
+        self._chain = None  # the backend sampler chain installed on sequence 0, if any
+        self._refused: set[Readout] = set()  # readouts llama.cpp could not run in its graph (emulated here)
 
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = n_gpu_layers
+        model_params.use_extra_bufts = not bit_exact
         if progress is not None:
             # Keep the ctypes callback alive as long as the load runs (a collected callback would crash).
             def _on_progress(fraction: float, _user: ctypes.c_void_p) -> bool:
@@ -120,6 +257,8 @@ class Model:
         ctx_params.n_batch = self.n_batch
         ctx_params.n_ubatch = self.n_batch
         ctx_params.n_seq_max = 1
+        ctx_params.n_outputs_max = MAX_ROWS
+        ctx_params.n_outputs_max_per_seq = MAX_ROWS  # llama.cpp's default, 1, is too few for a verify
         ctx_params.n_threads = self.n_threads
         ctx_params.n_threads_batch = self.n_threads
         self._ctx = llama_cpp.llama_init_from_model(self._model, ctx_params)
@@ -138,11 +277,17 @@ class Model:
         )
         self.n_vocab = self.vocab.n_vocab
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        # Every token goes to sequence 0: set once, so a decode writes only tokens, positions and output flags.
+        for j in range(self.n_batch):
+            self._batch.n_seq_id[j] = 1
+            self._batch.seq_id[j][0] = 0
+        self._readout = LOGITS  # what llama.cpp's graph hands back now (no sampler chain installed)
         self._piece_buf = ctypes.create_string_buffer(256)
         self._piece_cache: dict[int, bytes] = {}
         # The KV holds exactly these tokens at positions 0..len-1 (the engine's bookkeeping mirrors llama.cpp's).
         self.kv_tokens: list[int] = []
-        # Wall time spent inside llama_decode and copying its logits out: what the Python loop cannot speed up.
+        # Wall time inside llama_decode and reading its rows out (the C side, where a GPU also synchronises):
+        # what the Python loop cannot speed up.
         self.busy_seconds = 0.0
         self._warm_up()
 
@@ -160,6 +305,13 @@ class Model:
         buf = ctypes.create_string_buffer(4096)
         n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
         return buf.value.decode("utf-8", errors="replace") if n >= 0 else None
+
+    @property
+    def placement(self) -> str:
+        """Where the model runs: "CPU", or the GPU and how many of its layers are there."""
+        devices = gpu_devices() if self.n_gpu_layers != 0 else []
+        n_layer = int(llama_cpp.llama_model_n_layer(self._model))
+        return describe(self.n_gpu_layers, n_layer, devices[0].name if devices else None)
 
     @property
     def chat_template(self) -> str | None:
@@ -214,55 +366,117 @@ class Model:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
 
     # ----- the KV cache ------------------------------------------------------------------------------------
-    def decode(self, tokens: Sequence[int], logits_at: Sequence[int] = (), *, argmax: bool = False) -> np.ndarray:
-        """Append ``tokens`` to the KV (at positions ``len(kv_tokens)..``) and return logits rows.
+    def decode(self, tokens: Sequence[int], rows: Sequence[int] = (), readout: Readout = LOGITS) -> Scores:
+        """Append ``tokens`` to the KV (at positions ``len(kv_tokens)..``) and score the rows asked for.
 
-        ``logits_at`` are indices into ``tokens``; the result is ``[len(logits_at), n_vocab]`` float32 (a copy), or
-        with ``argmax`` each row's argmax ``[len(logits_at)]``, taken in llama.cpp's buffer: greedy decoding needs
-        no more, and a row is 0.6 MB for a 152k-token vocabulary. Long inputs are split into batches of
-        ``n_batch``; only the requested rows are computed.
+        ``rows``: ascending indices into ``tokens`` (at most :data:`MAX_ROWS`); only those rows are computed.
+        ``readout`` says what comes back for them (:class:`~edgespec.sampling.Readout`): ``[R, n_vocab]`` logits (a
+        copy), ``[R]`` argmax ids, or the top-k :class:`~edgespec.sampling.Candidates`. Long inputs are split
+        into batches of ``n_batch``.
         """
         start = len(self.kv_tokens)
         if start + len(tokens) > self.n_ctx:
             raise ContextOverflowError(
                 f"{self.name}: {start + len(tokens)} tokens do not fit the context of {self.n_ctx}"
             )
-        wanted = sorted(set(logits_at))
-        if wanted and (wanted[0] < 0 or wanted[-1] >= len(tokens)):
-            raise ValueError(f"logits_at {list(logits_at)} must index into the {len(tokens)} tokens decoded")
-        rows = np.empty(len(wanted), dtype=np.int64) if argmax else np.empty((len(wanted), self.n_vocab), np.float32)
-        batch = self._batch
-        t0 = time.perf_counter()
-        n_done = 0  # rows filled so far
+        n_rows = len(rows)
+        if n_rows and not _ascending_within(rows, len(tokens)):
+            raise ValueError(
+                f"rows {list(rows)} must be at most {MAX_ROWS} ascending indices into the {len(tokens)} tokens decoded"
+            )
+        if n_rows and readout in self._refused:
+            return _emulate(readout, self.decode(tokens, rows, LOGITS))
+        if n_rows:
+            self._use(readout)
+        out = _allocate(readout, n_rows, self.n_vocab)
+        batch, token, pos, flags = self._batch, self._batch.token, self._batch.pos, self._batch.logits
+        clock = time.perf_counter
+        busy = 0.0  # inside llama_decode and reading its rows (filling the batch is Python's time)
+        done = 0  # rows filled so far
         for lo in range(0, len(tokens), self.n_batch):
             chunk = tokens[lo : lo + self.n_batch]
             batch.n_tokens = len(chunk)
-            n_out = 0
+            wanted = []  # positions in this chunk that are scored
             for j, tok in enumerate(chunk):
-                want = n_done + n_out < len(wanted) and wanted[n_done + n_out] == lo + j
-                batch.token[j] = tok
-                batch.pos[j] = start + lo + j
-                batch.n_seq_id[j] = 1
-                batch.seq_id[j][0] = 0
-                batch.logits[j] = want
-                n_out += want
+                token[j] = tok
+                pos[j] = start + lo + j
+                flags[j] = False
+            while done + len(wanted) < n_rows and rows[done + len(wanted)] < lo + len(chunk):
+                j = rows[done + len(wanted)] - lo
+                flags[j] = True
+                wanted.append(j)
+            t0 = clock()
             rc = llama_cpp.llama_decode(self._ctx, batch)
             if rc != 0:
                 # Leave the KV as it was before this call, so the caller's bookkeeping stays true.
                 llama_cpp.llama_memory_seq_rm(self._mem, 0, start, -1)
                 raise ModelError(f"{self.name}: llama_decode failed with code {rc}")
-            if n_out:
-                # The requested rows sit contiguously, in batch order: one copy, not one per row.
-                block = np.ctypeslib.as_array(llama_cpp.llama_get_logits(self._ctx), shape=(n_out * self.n_vocab,))
-                block = block.reshape(n_out, self.n_vocab)
-                rows[n_done : n_done + n_out] = block.argmax(axis=1) if argmax else block
-                n_done += n_out
+            if wanted:
+                self._read(readout, wanted, out, done)
+                done += len(wanted)
+            busy += clock() - t0
         self.kv_tokens.extend(tokens)
-        self.busy_seconds += time.perf_counter() - t0
-        if list(logits_at) != wanted:
-            row_of = {i: r for r, i in enumerate(wanted)}
-            return rows[[row_of[i] for i in logits_at]]
-        return rows
+        self.busy_seconds += busy
+        return out
+
+    def readout_path(self, readout: Readout) -> str:
+        """Where sampling for ``readout`` runs on this model (for the stats)."""
+        if readout in self._refused:
+            return f"{LOGITS.path} ({readout.kind} not supported in llama.cpp's graph here)"
+        return readout.path
+
+    def _use(self, readout: Readout) -> None:
+        """Install the backend sampler chain that produces ``readout`` (none for whole logits rows)."""
+        if readout == self._readout:
+            return
+        chain = None
+        if readout.kind != "logits":
+            # A chain is bound to the graph it is installed in: llama.cpp initialises it once, so every switch
+            # builds a new one (a chain is a few bytes; switches happen per request at most).
+            chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+            step = (
+                llama_cpp.llama_sampler_init_greedy()
+                if readout.kind == "argmax"
+                else llama_cpp.llama_sampler_init_top_k(readout.k)
+            )
+            llama_cpp.llama_sampler_chain_add(chain, step)
+        installed = llama_cpp.llama_set_sampler(self._ctx, 0, chain)
+        if self._chain is not None:  # replaced: llama.cpp no longer refers to it
+            llama_cpp.llama_sampler_free(self._chain)
+            self._chain = None
+        if not installed:
+            # This backend cannot run the chain in its graph: read whole rows and select from them here.
+            log.warning("%s: llama.cpp cannot sample '%s' in its graph; reading whole logits rows", self.name, readout)
+            self._refused.add(readout)
+            llama_cpp.llama_set_sampler(self._ctx, 0, None)
+            if chain is not None:
+                llama_cpp.llama_sampler_free(chain)
+            self._readout = LOGITS
+            return
+        self._chain = chain
+        self._readout = readout
+
+    def _read(self, readout: Readout, positions: list[int], out: Scores, first: int) -> None:
+        """Copy the rows just decoded at batch ``positions`` into ``out[first:]``."""
+        ctx = self._ctx
+        if readout.kind == "argmax":
+            for r, j in enumerate(positions, first):
+                out[r] = llama_cpp.llama_get_sampled_token_ith(ctx, j)
+        elif readout.kind == "top_k":
+            assert isinstance(out, Candidates)
+            k = readout.k
+            ids_at, logits_at = out.ids.ctypes.data, out.logits.ctypes.data
+            for r, j in enumerate(positions, first):
+                n = llama_cpp.llama_get_sampled_logits_count_ith(ctx, j)
+                if n != k:
+                    raise ModelError(f"{self.name}: llama.cpp returned {n} candidates for a top-{k} row")
+                ctypes.memmove(logits_at + 4 * r * k, llama_cpp.llama_get_sampled_logits_ith(ctx, j), 4 * k)
+                ctypes.memmove(ids_at + 4 * r * k, llama_cpp.llama_get_sampled_candidates_ith(ctx, j), 4 * k)
+        else:
+            # The requested rows sit contiguously in batch order: one copy, not one per row.
+            assert isinstance(out, np.ndarray)
+            n = len(positions)
+            ctypes.memmove(out[first:].ctypes.data, llama_cpp.llama_get_logits(ctx), 4 * n * self.n_vocab)
 
     def truncate(self, n_keep: int) -> None:
         """Roll back: drop the KV at positions >= ``n_keep``."""
@@ -289,6 +503,11 @@ class Model:
 
     # ----- lifetime ----------------------------------------------------------------------------------------
     def close(self) -> None:
+        if self._ctx:
+            llama_cpp.llama_set_sampler(self._ctx, 0, None)
+        if self._chain is not None:
+            llama_cpp.llama_sampler_free(self._chain)
+            self._chain = None
         if self._batch is not None:
             llama_cpp.llama_batch_free(self._batch)
             self._batch = None

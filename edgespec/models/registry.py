@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import re
 import sys
 from collections.abc import Mapping
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from edgespec.errors import ModelNotFoundError, RegistryError
-from edgespec.paths import user_path
+from edgespec.paths import model_cache_dir, user_path
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -39,6 +40,8 @@ __all__ = [
 ]
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+_MODEL_NAME = re.compile(r"[^./\\\x00-\x1f][^/\\\x00-\x1f]*")
+_MAX_PARTS = 999  # PyPI packs split a model into at most a few dozen wheels; more means a typo
 
 
 # ---------------------------------------------------------------------------------------------- locations
@@ -46,7 +49,7 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 def cache_dir() -> Path:
     """Where fetched models live: ``$EDGESPEC_CACHE``, else ``$XDG_CACHE_HOME/edgespec/models``."""
-    return user_path("EDGESPEC_CACHE", "XDG_CACHE_HOME", ".cache", "edgespec", "models")
+    return model_cache_dir()
 
 
 def user_registry_path() -> Path:
@@ -81,8 +84,8 @@ class ModelSpec:
     name: str
     role: str
     file: str  # file name in the cache
-    size: int
-    sha256: str
+    size: int | None  # None only when not checked
+    sha256: str | None
     quantization: str | None = None
     family: str | None = None
     tokenizer: str | None = None
@@ -94,6 +97,8 @@ class ModelSpec:
     hub_revision: str | None = None
     pack: PackRecipe | None = None
     source: str = ""  # the toml file that defined it, for messages
+    hub_quant: str | None = None  # a quant tag picking the file as llama.cpp's -hf does (instead of hub_file)
+    checked: bool = True  # False: never downloaded and checked when written; the hub's LFS sha256 is the check
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,7 @@ class Registry:
     pairs: dict[str, Pair]
     default_pair_name: str | None
     sources: tuple[str, ...] = ()
+    scan_folders: tuple[Path, ...] = ()  # the user's [scan] folders, searched for GGUF files by `models scan`
 
     def model(self, name: str) -> ModelSpec:
         try:
@@ -151,11 +157,12 @@ def _did_you_mean(name: str, known: Mapping[str, object]) -> str:
 
 _MODEL_KEYS = {
     "role", "file", "size", "sha256", "quantization", "family", "tokenizer", "context_length", "license",
-    "description", "hub_repo", "hub_file", "hub_revision", "pack",
+    "description", "hub_repo", "hub_file", "hub_quant", "hub_revision", "pack", "checked",
 }  # fmt: skip
 _PACK_KEYS = {"package", "version", "parts", "member"}
 _PAIR_KEYS = {"target", "draft", "draft_len", "default", "description"}
-_TOP_KEYS = {"models", "pairs"}
+_SCAN_KEYS = {"folders"}
+_TOP_KEYS = {"models", "pairs", "scan"}
 
 
 class _Where:
@@ -203,16 +210,19 @@ def _parse_toml(text: str, path: str) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as exc:
         # The decoder's message already ends in "(at line L, column C)".
         raise RegistryError(f"{path}: invalid TOML: {exc}") from None
+    except RecursionError:  # tomllib recurses into nested arrays and inline tables
+        raise RegistryError(f"{path}: invalid TOML: arrays or tables nested too deep") from None
 
 
 def _check_type(where: _Where, table: tuple[str, ...], key: str, value: Any, kind: str) -> None:
     ok = {
-        "str": isinstance(value, str) and value != "",
+        # No NUL: these strings become file names and paths, which cannot hold one.
+        "str": isinstance(value, str) and value != "" and "\x00" not in value,
         "posint": isinstance(value, int) and not isinstance(value, bool) and value > 0,
         "bool": isinstance(value, bool),
     }[kind]
     if not ok:
-        wanted = {"str": "a non-empty string", "posint": "a positive integer", "bool": "true or false"}[kind]
+        wanted = {"str": "a non-empty string (no NUL)", "posint": "a positive integer", "bool": "true or false"}[kind]
         raise where.error(table, key, f"expected {wanted}, got {value!r}")
 
 
@@ -228,6 +238,8 @@ def _parse_pack(where: _Where, table: tuple[str, ...], raw: Any) -> PackRecipe:
         _check_type(where, table, key, raw[key], "str")
     parts = raw.get("parts", 1)
     _check_type(where, table, "parts", parts, "posint")
+    if parts > _MAX_PARTS:
+        raise where.error(table, "parts", f"{parts} parts; at most {_MAX_PARTS}")
     packages, members = [], []
     for n in range(1, parts + 1):
         for key, out in (("package", packages), ("member", members)):
@@ -246,24 +258,42 @@ def _parse_pack(where: _Where, table: tuple[str, ...], raw: Any) -> PackRecipe:
 
 def _parse_model(where: _Where, name: str, raw: Any) -> ModelSpec:
     table = ("models", name)
+    if not _MODEL_NAME.fullmatch(name):  # the name is a folder of the cache, which `models rm` deletes
+        raise where.error(table, None, "a model name must not start with '.' or hold '/', '\\' or control characters")
     if not isinstance(raw, dict):
         raise where.error(table, None, "expected a table")
     for key in raw:
         if key not in _MODEL_KEYS:
             close = _did_you_mean(key, dict.fromkeys(_MODEL_KEYS))
             raise where.error(table, key, f"unknown key{close}")
-    for key in ("size", "sha256", "role"):
-        if key not in raw:
-            raise where.error(table, key, "missing")
-    _check_type(where, table, "size", raw["size"], "posint")
-    if not isinstance(raw["sha256"], str) or not _SHA256.fullmatch(raw["sha256"].lower()):
-        raise where.error(table, "sha256", f"expected 64 hex digits, got {raw['sha256']!r}")
+    checked = raw.get("checked", True)
+    _check_type(where, table, "checked", checked, "bool")
+    if checked:
+        return _parse_checked_model(where, table, name, raw)
+    return _parse_unchecked_model(where, table, name, raw)
+
+
+def _parse_common(where: _Where, table: tuple[str, ...], raw: dict[str, Any]) -> None:
+    if "role" not in raw:
+        raise where.error(table, "role", "missing")
     for key in ("role", "file", "quantization", "family", "tokenizer", "license", "description", "hub_repo",
-                "hub_file", "hub_revision"):  # fmt: skip
+                "hub_file", "hub_quant", "hub_revision"):  # fmt: skip
         if key in raw:
             _check_type(where, table, key, raw[key], "str")
     if "context_length" in raw:
         _check_type(where, table, "context_length", raw["context_length"], "posint")
+
+
+def _parse_checked_model(where: _Where, table: tuple[str, ...], name: str, raw: dict[str, Any]) -> ModelSpec:
+    _parse_common(where, table, raw)
+    for key in ("size", "sha256"):
+        if key not in raw:
+            raise where.error(table, key, "missing (or mark the entry `checked = false`)")
+    _check_type(where, table, "size", raw["size"], "posint")
+    if not isinstance(raw["sha256"], str) or not _SHA256.fullmatch(raw["sha256"].lower()):
+        raise where.error(table, "sha256", f"expected 64 hex digits, got {raw['sha256']!r}")
+    if "hub_quant" in raw:
+        raise where.error(table, "hub_quant", "only for `checked = false` entries; give hub_file")
     if ("hub_repo" in raw) != ("hub_file" in raw):
         raise where.error(
             table, "hub_file" if "hub_repo" in raw else "hub_repo", "hub_repo and hub_file go together"
@@ -296,6 +326,38 @@ def _parse_model(where: _Where, name: str, raw: Any) -> ModelSpec:
     )
 
 
+def _parse_unchecked_model(where: _Where, table: tuple[str, ...], name: str, raw: dict[str, Any]) -> ModelSpec:
+    """An entry nobody could download and check when it was written: it names where the hub has it, and the
+    hub's own LFS sha256 is the check. Sizes and hashes are never guessed, so they must not be given."""
+    _parse_common(where, table, raw)
+    for key in ("size", "sha256", "pack", "file"):
+        if key in raw:
+            raise where.error(table, key, "not for a `checked = false` entry (it lives in the Hugging Face cache)")
+    if "hub_repo" not in raw:
+        raise where.error(table, "hub_repo", "missing (a `checked = false` entry comes from the hub)")
+    if ("hub_file" in raw) == ("hub_quant" in raw):
+        raise where.error(table, "hub_file", "give exactly one of hub_file and hub_quant")
+    return ModelSpec(
+        name=name,
+        role=raw["role"],
+        file=raw.get("hub_file", "").rsplit("/", 1)[-1],
+        size=None,
+        sha256=None,
+        quantization=raw.get("quantization"),
+        family=raw.get("family"),
+        tokenizer=raw.get("tokenizer"),
+        context_length=raw.get("context_length"),
+        license=raw.get("license"),
+        description=raw.get("description"),
+        hub_repo=raw["hub_repo"],
+        hub_file=raw.get("hub_file"),
+        hub_revision=raw.get("hub_revision"),
+        source=where.path,
+        hub_quant=raw.get("hub_quant"),
+        checked=False,
+    )
+
+
 def _parse_pair(where: _Where, name: str, raw: Any) -> Pair:
     table = ("pairs", name)
     if not isinstance(raw, dict):
@@ -317,12 +379,28 @@ def _parse_pair(where: _Where, name: str, raw: Any) -> Pair:
     return Pair(name, raw["target"], raw["draft"], draft_len, default, raw.get("description"))
 
 
-def _parse_file(text: str, path: str) -> tuple[dict[str, ModelSpec], dict[str, Pair], _Where]:
+def _parse_scan(where: _Where, raw: Any, base: Path) -> tuple[Path, ...]:
+    """``[scan] folders = [...]``: ``~`` and $VARIABLES expand, relative paths start at the file's folder."""
+    table = ("scan",)
+    if not isinstance(raw, dict):
+        raise where.error((), "scan", "expected a table: [scan] folders = [\"~/models\"]")
+    for key in raw:
+        if key not in _SCAN_KEYS:
+            raise where.error(table, key, f"unknown key; expected one of {', '.join(sorted(_SCAN_KEYS))}")
+    folders = raw.get("folders", [])
+    if not isinstance(folders, list) or not all(isinstance(f, str) and f for f in folders):
+        raise where.error(table, "folders", f"expected a list of folder paths, got {folders!r}")
+    return tuple(base / Path(os.path.expandvars(f)).expanduser() for f in folders)
+
+
+def _parse_file(text: str, path: str) -> tuple[dict[str, ModelSpec], dict[str, Pair], _Where, tuple[Path, ...]]:
     data = _parse_toml(text, path)
     where = _Where(path, text)
     for key in data:
         if key not in _TOP_KEYS:
-            raise where.error((), key, "unknown top-level key; expected [models.NAME] or [pairs.NAME] tables")
+            raise where.error(
+                (), key, "unknown top-level key; expected [models.NAME], [pairs.NAME] or [scan] tables"
+            )
     models_raw, pairs_raw = data.get("models", {}), data.get("pairs", {})
     for key, value in (("models", models_raw), ("pairs", pairs_raw)):
         if not isinstance(value, dict):
@@ -334,7 +412,8 @@ def _parse_file(text: str, path: str) -> tuple[dict[str, ModelSpec], dict[str, P
         raise where.error(
             ("pairs", defaults[1]), "default", f"only one pair may be default (also {defaults[0]})"
         )
-    return models, pairs, where
+    folders = _parse_scan(where, data["scan"], Path(path).parent) if "scan" in data else ()
+    return models, pairs, where, folders
 
 
 def _shipped_text() -> str:
@@ -347,17 +426,18 @@ def load_registry(user_file: Path | None = None) -> Registry:
     ``user_file`` defaults to :func:`user_registry_path`; a missing user file is fine, a broken one raises
     :class:`RegistryError` naming the file and the line or key.
     """
-    models, pairs, _ = _parse_file(_shipped_text(), "edgespec/models.toml (shipped)")
+    models, pairs, _, _ = _parse_file(_shipped_text(), "edgespec/models.toml (shipped)")
     sources = ["edgespec/models.toml"]
     user_path = user_file if user_file is not None else user_registry_path()
     where: _Where | None = None
     user_pairs: dict[str, Pair] = {}
-    if user_path.is_file():
+    folders: tuple[Path, ...] = ()
+    if user_path.exists():  # a directory there is an error to report, not a file to pass over
         try:
             text = user_path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise RegistryError(f"{user_path}: cannot read: {exc}") from None
-        user_models, user_pairs, where = _parse_file(text, str(user_path))
+        user_models, user_pairs, where, folders = _parse_file(text, str(user_path))
         if any(p.default for p in user_pairs.values()):
             # The user's default wins: unmark the shipped one so exactly one stays default.
             pairs = {n: dataclasses.replace(p, default=False) for n, p in pairs.items()}
@@ -374,7 +454,7 @@ def load_registry(user_file: Path | None = None) -> Registry:
                 # only added or replaced), so this names the shipped file.
                 raise RegistryError(f"{sources[0]}: pairs.{_quote_key(pair.name)}.{role}: {msg}")
     default = next((p.name for p in pairs.values() if p.default), None)
-    return Registry(models, pairs, default, tuple(sources))
+    return Registry(models, pairs, default, tuple(sources), folders)
 
 
 # ---------------------------------------------------------------------------------------------- resolution
@@ -385,23 +465,51 @@ def _looks_like_path(ref: str) -> bool:
 
 
 def resolve_model(ref: str, *, progress: bool = True) -> Path:
-    """A local GGUF path for ``ref``: an existing file as is, else a registry name fetched if needed.
+    """A local GGUF path for ``ref``, in this order: an existing file as is; a hub reference
+    (``hf:ORG/REPO[:QUANT]``, ``hf:ORG/REPO/FILE.gguf``) from the Hugging Face cache or downloaded into it; a
+    registry name, fetched if needed; the id of a model ``edgespec models scan`` finds on this machine.
 
     Raises :class:`ModelNotFoundError` for an unknown name, a missing path, or when no source could provide
     the file (the message lists what was tried).
     """
     candidate = Path(ref).expanduser()
     if candidate.is_file():
-        return candidate.resolve()
+        # A split model's later parts are found next to the first by name: keep the name (a Hugging Face
+        # snapshot links each part to a blob named by its hash), resolve everything else.
+        return Path(os.path.abspath(candidate)) if _is_split_part(candidate.name) else candidate.resolve()
     if candidate.is_dir():
         raise ModelNotFoundError(f"{ref} is a directory; pass the .gguf file inside it or a model name")
+    from edgespec.models.hub import parse_hub_ref
+
+    hub_ref = parse_hub_ref(ref)
+    if hub_ref is not None:
+        from edgespec.models.hub import fetch_hub
+
+        return fetch_hub(hub_ref, progress=progress)
     registry = load_registry()
     if ref not in registry.models and _looks_like_path(ref):
         raise ModelNotFoundError(f"no such file: {ref} (and no registry model has that name)")
-    spec = registry.model(ref)
-    from edgespec.models.fetch import ensure_model  # lazy: keeps huggingface-hub off the import path
+    if ref in registry.models:
+        from edgespec.models.fetch import ensure_model  # lazy: keeps huggingface-hub off the import path
 
-    return ensure_model(spec, progress=progress)
+        return ensure_model(registry.models[ref], progress=progress)
+    from edgespec.models.discovery import scan
+
+    found = scan(registry.scan_folders, [*registry.models, *registry.pairs])
+    hit = found.find(ref)
+    if hit is not None:
+        return hit.path
+    close = _did_you_mean(ref, {**registry.models, **{m.id: m for m in found.found}})
+    hint = "" if ref not in registry.pairs else f" ('{ref}' is a pair: use --pair or its model names)"
+    raise ModelNotFoundError(
+        f"unknown model '{ref}'{hint}{close}; known models: {', '.join(sorted(registry.models))}, "
+        f"{len(found.found)} found on this machine (`edgespec models scan` lists them), "
+        "or pass a path to a .gguf file or an hf:ORG/REPO[:QUANT] reference"
+    )
+
+
+def _is_split_part(name: str) -> bool:
+    return re.search(r"-\d{5}-of-\d{5}\.gguf$", name, re.IGNORECASE) is not None
 
 
 def resolve_pair(name: str | None) -> Pair:

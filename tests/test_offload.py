@@ -1,0 +1,54 @@
+"""-ngl auto: how many layers of each model go to the GPU, from free memory and what each model needs."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgespec.models import backend
+from edgespec.models.offload import ALL_LAYERS, RESERVE_BYTES, Need, describe, plan_layers
+
+GB = 1 << 30
+
+
+def test_models_that_fit_go_whole_the_target_first() -> None:
+    target, draft = Need(4 * GB, 28, GB // 2), Need(GB, 24, GB // 4)
+    assert plan_layers(16 * GB, [target, draft]) == [ALL_LAYERS, ALL_LAYERS]
+    # room for the target only: the draft gets the layers that fit in what is left
+    free = RESERVE_BYTES + target.weights + target.kv_bytes + int(10.5 * draft.per_layer)
+    assert plan_layers(free, [target, draft]) == [ALL_LAYERS, 10]
+
+
+def test_a_target_too_big_gets_the_layers_that_fit_and_the_draft_what_remains() -> None:
+    target, draft = Need(20 * GB, 40, 2 * GB), Need(GB, 24, GB // 4)
+    layers = plan_layers(8 * GB, [target, draft])
+    assert 0 < layers[0] < 40 and layers[0] == int((8 * GB - RESERVE_BYTES) // target.per_layer)
+    left = 8 * GB - RESERVE_BYTES - layers[0] * target.per_layer  # less than one of the target's layers
+    assert layers[1] == int(left // draft.per_layer) < 24
+
+
+def test_no_memory_means_the_cpu() -> None:
+    assert plan_layers(RESERVE_BYTES // 2, [Need(GB, 24, 0)]) == [0]
+
+
+def test_placement_is_said_in_words() -> None:
+    assert describe(0, 28, "CUDA0") == "CPU"
+    assert describe(-1, 28, None) == "CPU"  # asked for layers, but the build has no GPU
+    assert describe(-1, 28, "CUDA0") == "GPU (CUDA0, all 28 layers)"
+    assert describe(12, 28, "CUDA0") == "GPU (CUDA0, 12 of 29 layers) + CPU"
+
+
+def test_auto_is_the_cpu_on_a_build_without_gpu(tiny_model_path) -> None:
+    # This machine's build is CPU-only: auto must not try to plan anything.
+    assert backend.gpu_devices() == []
+    assert backend.auto_gpu_layers([(tiny_model_path, 4096)]) == [0]
+
+
+def test_auto_plans_from_the_devices_free_memory(tiny_model_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    shape = backend.model_shape(tiny_model_path)  # read by llama.cpp without loading weights
+    assert shape.n_layer == 30 and shape.kv_bytes_per_token > 0
+    monkeypatch.setattr(backend, "gpu_devices", lambda: [backend.Device("GPU0", 8 * GB, 8 * GB)])
+    assert backend.auto_gpu_layers([(tiny_model_path, 4096), (tiny_model_path, 4096)]) == [-1, -1]
+    tight = RESERVE_BYTES + tiny_model_path.stat().st_size // 2
+    monkeypatch.setattr(backend, "gpu_devices", lambda: [backend.Device("GPU0", tight, 8 * GB)])
+    target, draft = backend.auto_gpu_layers([(tiny_model_path, 4096), (tiny_model_path, 4096)])
+    assert 0 < target < 30 and draft == 0
