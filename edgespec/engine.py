@@ -21,7 +21,7 @@ from edgespec.drafters.lookup import LookupDrafter
 from edgespec.drafters.model import ModelDrafter
 from edgespec.errors import ContextOverflowError, EdgespecError, InvalidParameterError
 from edgespec.events import Chunk, Event, Finished, FinishReason, Span, Stats
-from edgespec.models.backend import Model
+from edgespec.models.backend import MAX_ROWS, Model
 from edgespec.sampling import Readout, SamplingParams, readout_for, warp
 from edgespec.text import TextStream
 from edgespec.verify import Verdict, verify_greedy, verify_stochastic
@@ -68,7 +68,10 @@ class Engine:
         self._lookup = LookupDrafter() if lookup else None
         if self._lookup is not None:
             self.drafters["lookup"] = self._lookup
-        self.max_gamma = max_gamma
+        # A bit-exact target verifies at most max_verify_rows rows: the drafts plus the pending token.
+        self.gamma_limit = getattr(target, "max_verify_rows", MAX_ROWS) - 1
+        self.target_bit_exact = bool(getattr(target, "bit_exact", False))
+        self.max_gamma = min(max_gamma, self.gamma_limit)
         self._auto: Controller | None = None  # kept across set_draft_len switches, so its estimates survive
         self._calibrated_for: Readout | None = None  # the controller has costs measured with this readout
         self._cost_cache = cost_cache
@@ -89,6 +92,12 @@ class Engine:
             self.controller: RoundController = self._auto
         else:
             assert isinstance(draft_len, int)
+            if draft_len > self.gamma_limit:
+                why = " (bit-exact: llama.cpp's CPU kernels change at wider batches)" if self.target_bit_exact else ""
+                raise InvalidParameterError(
+                    f"draft length {draft_len} is more than this target verifies at once: at most {self.gamma_limit}"
+                    + why
+                )
             name = "model" if "model" in self.drafters else ("lookup" if "lookup" in self.drafters else None)
             self.max_gamma = max(self.max_gamma, draft_len)
             self.controller = FixedController(name if draft_len else None, draft_len)

@@ -222,3 +222,18 @@ def test_auto_drafts_long_by_lookup_once_the_output_repeats_and_stays_exact() ->
     looped = [c.stats.draft_len for c in chunks[-20:] if c.stats.drafter == "lookup"]
     assert len(looped) >= 15 and np.mean(looped) > 6
     assert done.stats.rounds < 100  # 300 tokens
+
+
+def test_a_bit_exact_target_never_verifies_more_rows_than_its_kernels_keep_exact() -> None:
+    # A bit-exact target on llama.cpp's CPU backend rounds like a single-token decode only below 8 rows: auto (with
+    # lookup drafting as long as it can) stays within the limit, and a fixed γ beyond it is refused up front.
+    target = FakeModel(eos_bias=-9, n_ctx=512)
+    target.bit_exact, target.max_verify_rows = True, 7
+    engine = Engine(target, None, draft_len="auto", lookup=True)
+    _, done = run(engine, params=SamplingParams(temperature=0, max_tokens=300))
+    assert list(done.tokens) == plain_greedy(PROMPT, 300, target)
+    widest = max(rows for _, rows in target.decode_calls)
+    assert widest == 7  # lookup drafted as far as allowed (the fake's output loops), and no further
+    with pytest.raises(InvalidParameterError, match="at most 6 .*bit-exact"):
+        Engine(target, None, draft_len=7, lookup=True)
+    assert Engine(target, None, draft_len=6, lookup=True).max_gamma == 6

@@ -32,6 +32,10 @@ from edgespec.sampling import LOGITS, Candidates, Readout, Scores
 # Rows one decode may score: the widest verify (γ ≤ 64, plus the pending token). llama.cpp sizes its output
 # buffers and, with a backend sampler, one sampling subgraph per row by this, so it is not left at n_batch.
 MAX_ROWS = 65
+# ggml-cpu runs K-quant matmuls of 8 rows or more through a tiled kernel (ggml_tiled_min_batch), which rounds
+# differently from the per-row dot products of smaller batches: a bit-exact verify stays below it.
+BIT_EXACT_MAX_ROWS = 7
+GGML_TYPE_BF16 = 30  # enum ggml_type
 
 log = logging.getLogger("edgespec.models.backend")
 
@@ -203,10 +207,14 @@ class Model:
     """A loaded GGUF model with one KV cache.
 
     ``n_gpu_layers``: layers to offload (-1 = all, 0 = CPU only; ignored by a CPU-only build).
-    ``bit_exact``: no CPU weight repacking (llama.cpp's ``--no-repack``). Repacked weights run a batch through gemm
-    kernels in groups of 4 rows and the rest through gemv, which round differently: then a batched verify can
-    flip a near-tie that single-token decoding would not. Without repacking, each logit is the same dot product
-    whatever the batch width, so greedy speculation is token-identical to plain decoding; it costs decode speed.
+    ``bit_exact``: every logit of a verify batch computed exactly as a single-token decode computes it, so that
+    greedy speculation is token-identical to plain decoding. llama.cpp's CPU backend picks kernels by batch shape,
+    and three of its choices round differently (read in ggml-cpu, measured here on the Qwen 1.5B):
+    repacked weights run groups of 4 rows through gemm and the rest through gemv (off: llama.cpp's
+    ``--no-repack``); K-quant matmuls switch to a tiled kernel from 8 rows (a verify is kept to
+    :attr:`max_verify_rows`); flash attention splits a single query over threads once the KV holds 512 cells,
+    for an F16/F32 cache only (the cache is BF16, which no batch shape treats differently). It costs decode speed.
+    The GPU backends were not checked.
     """
 
     def __init__(
@@ -261,6 +269,11 @@ class Model:
         ctx_params.n_outputs_max_per_seq = MAX_ROWS  # llama.cpp's default, 1, is too few for a verify
         ctx_params.n_threads = self.n_threads
         ctx_params.n_threads_batch = self.n_threads
+        if bit_exact:
+            # Flash attention on (without it, batched KQ products round differently), over a BF16 cache: ggml's
+            # split-KV path for one query (F16/F32 caches, >= 512 cells) sums in another order than a batch does.
+            ctx_params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+            ctx_params.type_k = ctx_params.type_v = GGML_TYPE_BF16
         self._ctx = llama_cpp.llama_init_from_model(self._model, ctx_params)
         if not self._ctx:
             self.close()
@@ -305,6 +318,11 @@ class Model:
         buf = ctypes.create_string_buffer(4096)
         n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
         return buf.value.decode("utf-8", errors="replace") if n >= 0 else None
+
+    @property
+    def max_verify_rows(self) -> int:
+        """The widest batch whose rows all round exactly as single-token decodes (bit-exact), else :data:`MAX_ROWS`."""
+        return BIT_EXACT_MAX_ROWS if self.bit_exact else MAX_ROWS
 
     @property
     def placement(self) -> str:
