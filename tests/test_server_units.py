@@ -23,7 +23,7 @@ from edgespec.sampling import SamplingParams
 from edgespec.server.errors import ApiError, from_validation_error
 from edgespec.server.metrics import ServerMetrics
 from edgespec.server.middleware import ApiKeyMiddleware
-from edgespec.server.prepare import GenerationRequest, chat_messages, refuse_unsupported
+from edgespec.server.prepare import GenerationRequest, chat_messages, generation_request, refuse_unsupported
 from edgespec.server.responses import ResponseShape, speculation, timings, usage
 from edgespec.server.schemas import ChatCompletionRequest, CompletionRequest
 from edgespec.server.settings import is_loopback
@@ -76,6 +76,19 @@ def test_unsupported_completion_features_are_refused(fields, param):
     with pytest.raises(ApiError) as err:
         refuse_unsupported(CompletionRequest.model_validate({"prompt": "x", **fields}))
     assert err.value.param == param
+
+
+def test_a_draft_len_wider_than_a_bit_exact_target_verifies_is_a_400():
+    target = SimpleNamespace(bit_exact=True, n_ctx=4096)
+    runtime = SimpleNamespace(
+        engine=SimpleNamespace(gamma_limit=6, max_gamma=6), target=target, draft=None, context_size=4096
+    )
+    loaded = SimpleNamespace(runtime=runtime, draft_len="auto", lookup=True, lookup_available=True)
+    assert generation_request(loaded, chat(draft_len=6), (1, 2)).draft_len == 6
+    with pytest.raises(ApiError) as refused:
+        generation_request(loaded, chat(draft_len=7), (1, 2))
+    assert refused.value.status == 400 and refused.value.param == "draft_len"
+    assert "at most 6" in refused.value.message and "bit-exact" in refused.value.message
 
 
 def test_chat_messages_map_roles_and_join_text_parts():

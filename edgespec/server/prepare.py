@@ -151,6 +151,13 @@ def generation_request(
         draft_len = parse_draft_len(body.draft_len) if body.draft_len is not None else loaded.draft_len
     except EdgespecError as exc:
         raise bad_request(str(exc), param="draft_len") from exc
+    limit = loaded.runtime.engine.gamma_limit
+    if isinstance(draft_len, int) and draft_len > limit:
+        why = " (bit-exact: llama.cpp's CPU kernels change at wider batches)" if loaded.runtime.target.bit_exact else ""
+        raise bad_request(
+            f"draft_len {draft_len} is more than this server's target verifies at once: at most {limit}{why}",
+            param="draft_len",
+        )
     lookup = loaded.lookup if body.lookup is None else body.lookup
     if lookup and not loaded.lookup_available:
         raise bad_request("prompt lookup is off on this server (it was started with --no-lookup)", param="lookup")
