@@ -115,7 +115,7 @@ def test_help_explains_the_options() -> None:
     assert "slower" in result.stdout  # --bit-exact says what it costs
 
 
-@pytest.mark.parametrize("command", ["generate", "chat", "bench"])
+@pytest.mark.parametrize("command", ["generate", "chat", "bench", "serve"])
 def test_every_model_command_takes_bit_exact_and_gpu_layers(command) -> None:
     result = invoke(command, "--help")
     assert "--bit-exact" in result.stdout and "auto" in result.stdout and "--n-gpu-layers" in result.stdout
