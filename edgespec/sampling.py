@@ -97,7 +97,7 @@ class Readout:
     @property
     def path(self) -> str:
         """How sampling runs with this readout, as the stats report it."""
-        return {"argmax": "argmax in llama.cpp", "top_k": f"top-{self.k} in llama.cpp, rest numpy"}.get(
+        return {"argmax": "argmax in llama.cpp", "top_k": f"top-{self.k} in llama.cpp, rest in Python"}.get(
             self.kind, "numpy on full rows"
         )
 

@@ -355,7 +355,7 @@ def test_backend_sampled_speculation_samples_the_targets_warped_distribution(
     params = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, max_tokens=2)
     pairs = FirstTwoTokens(target, reference, target.tokenize(ANIMAL_PROMPT))
     last = pairs.sample(Engine(target, draft, draft_len=3, lookup=False), params, n=1500, seed=1)
-    assert last.stats.sampling_path == "top-40 in llama.cpp, rest numpy"
+    assert last.stats.sampling_path == "top-40 in llama.cpp, rest in Python"
     ok, why = pairs.fit(chain_warp(params))
     assert ok, why
     ok, why = pairs.fit(tempered_first(params))
@@ -368,7 +368,7 @@ def test_a_seed_reproduces_sampling_on_the_backend_path(tiny_model_path, tiny_re
     runtime = load(tiny_model_path, tiny_requantized_path, n_ctx=512, draft_len=3, lookup=False)
     params = SamplingParams(temperature=0.8, seed=1234, max_tokens=24)
     first = runtime.generate("Once upon a time", params)
-    assert first.stats.sampling_path == "top-40 in llama.cpp, rest numpy" and first.stats.drafted > 0
+    assert first.stats.sampling_path == "top-40 in llama.cpp, rest in Python" and first.stats.drafted > 0
     assert runtime.generate("Once upon a time", params).tokens == first.tokens
     others = {runtime.generate("Once upon a time", replace(params, seed=s)).tokens for s in range(5)}
     assert len(others) > 1  # the seed matters: different seeds, different samples
