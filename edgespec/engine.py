@@ -99,9 +99,18 @@ class Engine:
                     + why
                 )
             name = "model" if "model" in self.drafters else ("lookup" if "lookup" in self.drafters else None)
-            self.max_gamma = max(self.max_gamma, draft_len)
+            if draft_len and name is None:
+                raise InvalidParameterError(
+                    f"draft length {draft_len} needs a drafter: load a draft model or turn prompt lookup on"
+                )
             self.controller = FixedController(name if draft_len else None, draft_len)
         self.draft_len = draft_len
+
+    @property
+    def headroom(self) -> int:
+        """How far past the committed text a verify may reach: the fixed γ, or auto's largest. A request's own
+        fixed γ never changes another's."""
+        return self.draft_len if isinstance(self.draft_len, int) else self.max_gamma
 
     def cancel(self) -> None:
         """Stop the running request after its current round (safe from any thread)."""
@@ -135,7 +144,8 @@ class Engine:
 
     def _run(self, ctx: list[int], params: SamplingParams, cancel: threading.Event | None) -> Iterator[Event]:
         # A settings change (set_draft_len) during this request takes effect with the next one.
-        target, drafters, controller, max_gamma = self.target, self.drafters, self.controller, self.max_gamma
+        target, drafters, controller = self.target, self.drafters, self.controller
+        max_gamma = self.headroom  # a fixed γ drafts exactly that far; auto up to max_gamma
         rng = params.rng()
         # What the verify reads back per row: the argmax or the top-k candidates, selected inside llama.cpp.
         readout = readout_for(params, target.n_vocab)
@@ -310,19 +320,22 @@ class Engine:
     def _roll_back(self, ctx: Sequence[int]) -> None:
         """Truncate every KV to the committed prefix: the target keeps ``x[0..n-1)``, drafters their share."""
         self.target.truncate(len(ctx) - 1)
+        if len(self.target.kv_tokens) < len(ctx) - 1:
+            # A memory that cannot drop a partial sequence (recurrent models) was cleared: rebuild the prefix.
+            self.target.sync(ctx[:-1])
         for drafter in self.drafters.values():
             drafter.commit(ctx)
 
     def _check_fits(self, n_prompt: int, max_tokens: int) -> None:
         # The verify batch can reach γ tokens past the last committed one before the rollback.
-        need = n_prompt + max_tokens + self.max_gamma
+        need = n_prompt + max_tokens + self.headroom
         limits = [("target", self.target.n_ctx)]
         if self.draft_model is not None:
             limits.append(("draft", self.draft_model.n_ctx))
         for role, n_ctx in limits:
             if need > n_ctx:
                 raise ContextOverflowError(
-                    f"prompt ({n_prompt} tokens) + max_tokens ({max_tokens}) + draft headroom ({self.max_gamma}) "
+                    f"prompt ({n_prompt} tokens) + max_tokens ({max_tokens}) + draft headroom ({self.headroom}) "
                     f"= {need} tokens exceeds the {role} context of {n_ctx}; shorten the prompt, lower "
                     f"max_tokens, or load with a larger n_ctx"
                 )

@@ -244,19 +244,20 @@ def _warp_candidates(
     if not (np.isfinite(x[:, 0]).all() and not np.isnan(x[:, -1]).any()):  # sorted: NaN last, +inf first
         _damaged(np.nan if np.isnan(x).any() else np.inf)
     x_max = x[:, :1]  # [R, 1] each row's largest logit
-    rel = np.exp(x - x_max)  # [R, m] temperature-1 weights relative to the mode
+    x = x - x_max  # [R, m] relative to each row's mode: x_i <= 0 (the same numbers as the one-row path)
+    rel = np.exp(x)  # [R, m] temperature-1 weights relative to the mode
     keep = np.ones(x.shape, dtype=bool)
     if params.min_p > 0:
-        # min-p keeps p_i >= min_p * p_max, i.e. x_i >= x_max + ln(min_p).
-        keep &= x >= x_max + math.log(params.min_p)
+        # min-p keeps p_i >= min_p * p_max, i.e. x_i - x_max >= ln(min_p).
+        keep &= x >= math.log(params.min_p)
     if params.top_p < 1:
         # The smallest prefix whose temperature-1 mass reaches top_p: token j stays while the mass before it is
-        # below top_p (the mode always stays).
-        z = rel.sum(axis=1, keepdims=True) if log_z is None else np.exp(log_z - x_max)
-        before = rel.cumsum(axis=1) / z
-        keep[:, 1:] &= before[:, :-1] < params.top_p
+        # below top_p (the mode always stays). The total is the cumulative sum's last, as in the one-row path.
+        cumulative = rel.cumsum(axis=1)
+        z = cumulative[:, -1:] if log_z is None else np.exp(log_z - x_max)
+        keep[:, 1:] &= cumulative[:, :-1] < params.top_p * z
     # Both cuts keep a prefix of the sorted order, so the order they run in does not matter.
-    probs = (rel if params.temperature == 1 else np.exp((x - x_max) / params.temperature)) * keep
+    probs = (rel if params.temperature == 1 else np.exp(x / params.temperature)) * keep
     probs /= probs.sum(axis=1, keepdims=True)
     return Dists(ids, probs)
 

@@ -120,3 +120,23 @@ def test_text_round_trip_and_pieces(tiny: Model) -> None:
 def test_missing_file_is_a_model_error(tmp_path) -> None:
     with pytest.raises(ModelError, match="not found"):
         Model(tmp_path / "absent.gguf")
+
+
+def test_an_interrupted_decode_leaves_the_kv_as_it_was(tiny: Model, monkeypatch) -> None:
+    # Ctrl+C (or a bad row) after llama_decode succeeded: the KV must not keep cells kv_tokens does not know of.
+    prompt = tiny.tokenize("The capital of France is")
+    tiny.truncate(0)
+    tiny.decode(prompt[:-1])
+    expected = tiny.decode(prompt[-1:], [0]).copy()
+    tiny.truncate(len(prompt) - 1)
+
+    def interrupted(*_args) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tiny, "_read", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        tiny.decode(prompt[-1:], [0])
+    monkeypatch.undo()
+    assert tiny.kv_tokens == prompt[:-1]
+    np.testing.assert_array_equal(tiny.decode(prompt[-1:], [0]), expected)  # at the right position, and it works
+    tiny.truncate(0)

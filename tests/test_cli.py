@@ -136,3 +136,9 @@ def test_bit_exact_greedy_generation_says_so_and_matches_plain(tiny_model_path) 
     assert spec["stats"]["bit_exact"] is True and spec["stats"]["sampling_path"] == "argmax in llama.cpp"
     text = invoke("generate", "hi", "-m", path, "-d", "none", "-n", "2", "--bit-exact")
     assert "target SmolLM2-135M-Instruct.Q4_1.gguf on CPU (bit-exact)" in text.stderr
+
+
+@pytest.mark.parametrize(("option", "value"), [("--n-ctx", "-5"), ("--threads", "0")])
+def test_impossible_sizes_are_usage_errors(tiny_model_path, option, value) -> None:
+    result = invoke("generate", "hi", "-m", str(tiny_model_path), option, value)
+    assert result.exit_code == 2 and option in result.stderr

@@ -237,3 +237,13 @@ def test_a_bit_exact_target_never_verifies_more_rows_than_its_kernels_keep_exact
     with pytest.raises(InvalidParameterError, match="at most 6 .*bit-exact"):
         Engine(target, None, draft_len=7, lookup=True)
     assert Engine(target, None, draft_len=6, lookup=True).max_gamma == 6
+
+
+def test_a_fixed_draft_length_needs_a_drafter_and_does_not_outlive_its_request() -> None:
+    with pytest.raises(InvalidParameterError, match="needs a drafter"):
+        Engine(FakeModel(), None, draft_len=4, lookup=False)
+    engine = Engine(FakeModel(n_ctx=256), None, draft_len=40, lookup=True)
+    assert engine.headroom == 40
+    engine.set_draft_len("auto")  # the server sets each request's own; a wide one must not shrink the next's room
+    assert engine.headroom == engine.max_gamma == 16
+    run(engine, params=SamplingParams(temperature=0, max_tokens=256 - len(PROMPT) - 16))

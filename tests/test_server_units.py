@@ -288,3 +288,19 @@ def test_serve_command_starts_answers_and_stops(tiny_model_path: Path):
     finally:
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=60) == 0
+
+
+def test_an_empty_api_key_is_an_error_line():
+    result = CliRunner().invoke(main, ["serve", "--api-key", "", "-d", "none"])
+    assert result.exit_code == 1 and result.output.startswith("error: --api-key is empty")
+
+
+def test_engine_errors_map_to_who_can_fix_them():
+    from edgespec.errors import ContextOverflowError, EdgespecError, InvalidParameterError, ModelError
+    from edgespec.server.errors import from_edgespec_error
+
+    assert from_edgespec_error(InvalidParameterError("bad")).status == 400
+    assert from_edgespec_error(ContextOverflowError("long")).status == 400
+    assert from_edgespec_error(ModelError("llama_decode failed")).status == 500
+    busy = from_edgespec_error(EdgespecError("the engine is busy"))
+    assert busy.status == 503 and "Retry-After" in busy.headers

@@ -91,7 +91,13 @@ def model_options(f: Callable) -> Callable:
                 help="Draft model: a GGUF path, a models.toml name, hf:ORG/REPO[:QUANT], an id from `edgespec "
                 "models scan`, 'auto' (the best compatible one here) or 'none'. Default: the pair's draft, else auto.",
             ),
-            click.option("--n-ctx", default=4096, show_default=True, help="Context window in tokens."),
+            click.option(
+                "--n-ctx",
+                default=4096,
+                show_default=True,
+                type=click.IntRange(min=16),
+                help="Context window in tokens.",
+            ),
             click.option(
                 "--n-gpu-layers",
                 "-ngl",
@@ -109,7 +115,13 @@ def model_options(f: Callable) -> Callable:
                 help="Draft layers on the GPU, as for -ngl (default: what fits after the target with -ngl auto, "
                 "else the same as -ngl).",
             ),
-            click.option("--threads", "-t", type=int, default=None, help="CPU threads (default: physical cores)."),
+            click.option(
+                "--threads",
+                "-t",
+                type=click.IntRange(min=1),
+                default=None,
+                help="CPU threads (default: physical cores).",
+            ),
             click.option("--draft-len", default=None, callback=parse_draft_len, help=DRAFT_LEN_HELP),
             click.option(
                 "--lookup/--no-lookup",

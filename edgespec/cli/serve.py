@@ -47,6 +47,8 @@ def serve(host: str, port: int, alias: str | None, api_key: str | None, max_queu
     edgespec serve --pair qwen2.5-coder --port 8080
     curl http://127.0.0.1:8080/v1/chat/completions -d '{"messages": [{"role": "user", "content": "Hi"}]}'
     """
+    if api_key is not None and not api_key.strip():
+        fail("--api-key is empty: give a key, or leave the option out to serve without one")
     if not is_loopback(host) and not api_key:
         fail(f"refusing to listen on {host} without an API key: pass --api-key (or set EDGESPEC_API_KEY)")
     with user_errors():

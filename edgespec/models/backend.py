@@ -402,37 +402,41 @@ class Model:
             raise ValueError(
                 f"rows {list(rows)} must be at most {MAX_ROWS} ascending indices into the {len(tokens)} tokens decoded"
             )
+        if n_rows:
+            self._use(readout)  # may find that llama.cpp refuses it: then read whole rows and select here
         if n_rows and readout in self._refused:
             return _emulate(readout, self.decode(tokens, rows, LOGITS))
-        if n_rows:
-            self._use(readout)
         out = _allocate(readout, n_rows, self.n_vocab)
         batch, token, pos, flags = self._batch, self._batch.token, self._batch.pos, self._batch.logits
         clock = time.perf_counter
         busy = 0.0  # inside llama_decode and reading its rows (filling the batch is Python's time)
         done = 0  # rows filled so far
-        for lo in range(0, len(tokens), self.n_batch):
-            chunk = tokens[lo : lo + self.n_batch]
-            batch.n_tokens = len(chunk)
-            wanted = []  # positions in this chunk that are scored
-            for j, tok in enumerate(chunk):
-                token[j] = tok
-                pos[j] = start + lo + j
-                flags[j] = False
-            while done + len(wanted) < n_rows and rows[done + len(wanted)] < lo + len(chunk):
-                j = rows[done + len(wanted)] - lo
-                flags[j] = True
-                wanted.append(j)
-            t0 = clock()
-            rc = llama_cpp.llama_decode(self._ctx, batch)
-            if rc != 0:
-                # Leave the KV as it was before this call, so the caller's bookkeeping stays true.
-                llama_cpp.llama_memory_seq_rm(self._mem, 0, start, -1)
-                raise ModelError(f"{self.name}: llama_decode failed with code {rc}")
-            if wanted:
-                self._read(readout, wanted, out, done)
-                done += len(wanted)
-            busy += clock() - t0
+        try:
+            for lo in range(0, len(tokens), self.n_batch):
+                chunk = tokens[lo : lo + self.n_batch]
+                batch.n_tokens = len(chunk)
+                wanted = []  # positions in this chunk that are scored
+                for j, tok in enumerate(chunk):
+                    token[j] = tok
+                    pos[j] = start + lo + j
+                    flags[j] = False
+                while done + len(wanted) < n_rows and rows[done + len(wanted)] < lo + len(chunk):
+                    j = rows[done + len(wanted)] - lo
+                    flags[j] = True
+                    wanted.append(j)
+                t0 = clock()
+                rc = llama_cpp.llama_decode(self._ctx, batch)
+                if rc != 0:
+                    raise ModelError(f"{self.name}: llama_decode failed with code {rc}")
+                if wanted:
+                    self._read(readout, wanted, out, done)
+                    done += len(wanted)
+                busy += clock() - t0
+        except BaseException:
+            # Whatever stopped this call (a failed decode, a bad row, Ctrl+C), leave the KV as it was before it, so
+            # that kv_tokens stays true and the next request starts clean.
+            llama_cpp.llama_memory_seq_rm(self._mem, 0, start, -1)
+            raise
         self.kv_tokens.extend(tokens)
         self.busy_seconds += busy
         return out
@@ -480,6 +484,8 @@ class Model:
         if readout.kind == "argmax":
             for r, j in enumerate(positions, first):
                 out[r] = llama_cpp.llama_get_sampled_token_ith(ctx, j)
+                if out[r] < 0:  # LLAMA_TOKEN_NULL: no sampler ran on this row
+                    raise ModelError(f"{self.name}: llama.cpp returned no sampled token for row {j}")
         elif readout.kind == "top_k":
             assert isinstance(out, Candidates)
             k = readout.k

@@ -16,7 +16,8 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
-from edgespec.errors import ContextOverflowError, EdgespecError
+from edgespec.errors import ContextOverflowError, EdgespecError, InvalidParameterError, ModelError
+from edgespec.server.settings import RETRY_AFTER_SECONDS
 
 log = logging.getLogger("edgespec.server")
 
@@ -77,6 +78,10 @@ def from_edgespec_error(exc: EdgespecError) -> ApiError:
     """edgespec's own errors are the caller's to fix: a bad value, a request that does not fit."""
     if isinstance(exc, ContextOverflowError):
         return ApiError(400, str(exc), param="max_tokens", code="context_length_exceeded")
+    if isinstance(exc, ModelError):  # the model failed (a decode, damaged weights): not the client's input
+        return ApiError(500, str(exc), code="model_error")
+    if not isinstance(exc, InvalidParameterError):  # the engine busy, or another state the client cannot fix
+        return ApiError(503, str(exc), code="unavailable", headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
     return ApiError(400, str(exc), code="invalid_value")
 
 
