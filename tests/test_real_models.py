@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import replace
 from functools import cache
 
@@ -132,18 +133,27 @@ def fresh_logits(model: Model, tokens: list[int]) -> np.ndarray:
     return model.decode(tokens, [len(tokens) - 1])[0]
 
 
-# With weight repacking (the default), a verify batch runs other CPU kernels than a single-token decode, and the
-# KV rows they write differ in the last bits; after a few dozen tokens the logits of the two paths have drifted by
-# up to ~0.1 (measured on this family of machines; the CPU differs from session to session). A real loop error
-# (an off-by-one in acceptance, a stale KV row) commits a token far from the target's top two.
-REPACK_DRIFT = 0.25
+# With weight repacking (the default), a verify batch runs other CPU kernels than a single-token decode: measured on
+# the Qwen 1.5B, a batched row differs from the single-token row by up to 0.38-0.49 in some logit. A flip needs the
+# two rows to order the top two differently, so the gap plain decoding saw is below that. A real loop error (an
+# off-by-one in acceptance, a stale KV row) commits a token that is not plain's runner-up, or at a wide gap.
+REPACK_DRIFT = 0.5
+
+
+def plain_row(model: Model, prompt: list[int], out: Sequence[int], i: int) -> np.ndarray:
+    """The logits plain decoding scored its token ``i`` from: the prompt prefilled, then one token at a time."""
+    model.truncate(0)
+    model.decode(prompt[:-1])
+    for token in [prompt[-1], *out[:i]]:
+        row = model.decode([token], [0])[0]
+    return row.copy()
 
 
 @pytest.mark.slow
 def test_greedy_speculation_matches_greedy_target_up_to_kernel_drift(qwen_pair) -> None:
     """Default (repacked) kernels: speculative greedy output equals plain greedy output, except that from some
-    near-tie on the two may part; where they part, both tokens are the target's top two and the gap is small.
-    Exact identity is asserted in bit-exact mode (next test)."""
+    near-tie on the two may part; where they part, the speculative token is plain's runner-up at a small gap.
+    Exact identity is asserted in bit-exact mode (below)."""
     target, draft = qwen_pair
     params = SamplingParams(temperature=0, max_tokens=64)
     for prompt in CODE_PROMPTS:
@@ -154,14 +164,15 @@ def test_greedy_speculation_matches_greedy_target_up_to_kernel_drift(qwen_pair) 
             Engine(target, draft, draft_len="auto"),
         ):
             spec = finish(engine.stream(tokens, params)).tokens
-            assert len(spec) == len(plain)
-            if spec != plain:
-                i = next(i for i, (a, b) in enumerate(zip(spec, plain, strict=True)) if a != b)
-                row = fresh_logits(target, tokens + list(plain[:i]))
-                top2 = np.argsort(row)[-2:]
-                gap = float(row[top2[1]] - row[top2[0]])
-                assert {spec[i], plain[i]} == set(top2.tolist()), f"token {i}: neither path's choice is a near-tie"
-                assert gap < REPACK_DRIFT, f"diverged at token {i} where the target's top-2 logits differ by {gap:.4f}"
+            if spec == plain:
+                continue
+            i = next((i for i, (a, b) in enumerate(zip(spec, plain, strict=False)) if a != b), None)
+            assert i is not None, "one output is a prefix of the other: a length or end-of-generation bug"
+            row = plain_row(target, tokens, plain, i)
+            runner_up, best = np.argsort(row)[-2:]
+            assert (plain[i], spec[i]) == (best, runner_up), f"token {i}: speculation took a token plain ranked lower"
+            gap = float(row[best] - row[runner_up])
+            assert gap < REPACK_DRIFT, f"diverged at token {i} where the target's top-2 logits differ by {gap:.4f}"
 
 
 @pytest.mark.slow
