@@ -68,9 +68,6 @@ class Engine:
         self._lookup = LookupDrafter() if lookup else None
         if self._lookup is not None:
             self.drafters["lookup"] = self._lookup
-        # A bit-exact target verifies at most max_verify_rows rows: the drafts plus the pending token.
-        self.gamma_limit = getattr(target, "max_verify_rows", MAX_ROWS) - 1
-        self.target_bit_exact = bool(getattr(target, "bit_exact", False))
         self.max_gamma = min(max_gamma, self.gamma_limit)
         self._auto: Controller | None = None  # kept across set_draft_len switches, so its estimates survive
         self._calibrated_for: Readout | None = None  # the controller has costs measured with this readout
@@ -93,7 +90,8 @@ class Engine:
         else:
             assert isinstance(draft_len, int)
             if draft_len > self.gamma_limit:
-                why = " (bit-exact: llama.cpp's CPU kernels change at wider batches)" if self.target_bit_exact else ""
+                bit_exact = getattr(self.target, "bit_exact", False)
+                why = " (bit-exact: llama.cpp's CPU kernels change at wider batches)" if bit_exact else ""
                 raise InvalidParameterError(
                     f"draft length {draft_len} is more than this target verifies at once: at most {self.gamma_limit}"
                     + why
@@ -105,6 +103,12 @@ class Engine:
                 )
             self.controller = FixedController(name if draft_len else None, draft_len)
         self.draft_len = draft_len
+
+    @property
+    def gamma_limit(self) -> int:
+        """The widest draft one verify takes: the target's widest batch (a bit-exact one: 7 rows) less the pending
+        token."""
+        return getattr(self.target, "max_verify_rows", MAX_ROWS) - 1
 
     @property
     def headroom(self) -> int:

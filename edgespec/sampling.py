@@ -235,8 +235,13 @@ def _warp_candidates(
     ``logits`` hold only some of them (else it is computed from ``logits``). Rows keep their width ``m``: tokens
     cut by top-p or min-p stay in place with probability 0, so draft rows stack without padding.
     """
-    if ids.shape[0] == 1 and log_z is None:
+    if ids.shape[0] == 1 and log_z is None and ids.shape[1] <= PY_ROW_MAX:
         return _warp_one(ids[0], logits[0], params)
+    return _warp_rows(ids, logits, params, log_z)
+
+
+def _warp_rows(ids: np.ndarray, logits: np.ndarray, params: SamplingParams, log_z: np.ndarray | None) -> Dists:
+    """:func:`_warp_candidates` in numpy, all rows at once."""
     x = logits.astype(np.float64)
     order = (-x).argsort(axis=1, kind="stable")
     each_row = np.arange(x.shape[0])[:, None]
@@ -269,11 +274,9 @@ PY_ROW_MAX = 128
 
 
 def _warp_one(ids: np.ndarray, logits: np.ndarray, params: SamplingParams) -> Dists:
-    """:func:`_warp_candidates` for one row, the hot path of plain decoding and of each draft step: the same rules
-    in the same order (the same sequential float64 sums), with the kept prefix found by a scan."""
+    """:func:`_warp_rows` for one row of at most :data:`PY_ROW_MAX`, the hot path of plain decoding and of each draft
+    step: the same rules in the same order (the same sequential float64 sums), with the kept prefix found by a scan."""
     m = logits.shape[0]
-    if m > PY_ROW_MAX:
-        return _warp_one_numpy(ids, logits, params)
     xs = logits.tolist()
     if any(x != x or x == math.inf for x in xs):  # NaN or +inf; -inf is a token masked out
         _damaged(math.nan if any(x != x for x in xs) else math.inf)
@@ -296,26 +299,6 @@ def _warp_one(ids: np.ndarray, logits: np.ndarray, params: SamplingParams) -> Di
     probs[0, :n] = [w / total for w in kept]
     row_ids = ids.tolist()
     return Dists(np.array([[row_ids[i] for i in order]], dtype=np.int64), probs)
-
-
-def _warp_one_numpy(ids: np.ndarray, logits: np.ndarray, params: SamplingParams) -> Dists:
-    """:func:`_warp_one` for a wide row, with the kept prefix found by searches instead of masks."""
-    order = (-logits).argsort(kind="stable")
-    x = logits[order].astype(np.float64)
-    if not math.isfinite(x[0]) or math.isnan(x[-1]):  # sorted: NaN last, +inf first; -inf is a masked token
-        _damaged(x[-1] if math.isnan(x[-1]) else x[0])
-    x -= x[0]  # relative to the mode: x_i <= 0
-    n = x.shape[0]
-    if params.min_p > 0:  # x_i >= ln(min_p), a prefix of the sorted order
-        n = int((-x).searchsorted(-math.log(params.min_p), side="right"))
-    if params.top_p < 1:  # the mass before token j below top_p
-        rel = np.exp(x)
-        cumulative = rel.cumsum()
-        n = min(n, int(cumulative.searchsorted(params.top_p * cumulative[-1], side="left")) + 1)
-    probs = np.zeros(x.shape[0])
-    kept = np.exp(x[:n] / params.temperature) if params.temperature != 1 or params.top_p == 1 else rel[:n]
-    probs[:n] = kept / kept.sum()
-    return Dists(ids[order].astype(np.int64, copy=False)[None, :], probs[None, :])
 
 
 def _damaged(value: float) -> None:

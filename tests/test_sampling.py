@@ -217,7 +217,7 @@ def test_the_python_row_path_is_the_numpy_row_path(params: dict, monkeypatch) ->
         logits[rng.integers(100, size=3)] = -np.inf
         ids = rng.permutation(150_000)[:100].astype(np.int32)
         in_python = sampling._warp_one(ids, logits, sp)
-        in_numpy = sampling._warp_one_numpy(ids, logits, sp)
+        in_numpy = sampling._warp_rows(ids[None, :], logits[None, :], sp, None)
         np.testing.assert_array_equal(in_python.ids, in_numpy.ids)
         np.testing.assert_allclose(in_python.probs, in_numpy.probs, rtol=1e-12, atol=0)
         draws = [sample(in_python, np.random.default_rng(s)) for s in range(40)]

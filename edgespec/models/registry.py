@@ -312,18 +312,19 @@ def _parse_checked_model(where: _Where, table: tuple[str, ...], name: str, raw: 
         file=file,
         size=raw["size"],
         sha256=raw["sha256"].lower(),
-        quantization=raw.get("quantization"),
-        family=raw.get("family"),
-        tokenizer=raw.get("tokenizer"),
-        context_length=raw.get("context_length"),
-        license=raw.get("license"),
-        description=raw.get("description"),
+        **_descriptive(raw),
         hub_repo=raw.get("hub_repo"),
         hub_file=raw.get("hub_file"),
         hub_revision=raw.get("hub_revision"),
         pack=pack,
         source=where.path,
     )
+
+
+def _descriptive(raw: dict[str, Any]) -> dict[str, Any]:
+    """The fields that describe a model and check nothing, as ModelSpec takes them."""
+    keys = ("quantization", "family", "tokenizer", "context_length", "license", "description")
+    return {key: raw.get(key) for key in keys}
 
 
 def _parse_unchecked_model(where: _Where, table: tuple[str, ...], name: str, raw: dict[str, Any]) -> ModelSpec:
@@ -343,12 +344,7 @@ def _parse_unchecked_model(where: _Where, table: tuple[str, ...], name: str, raw
         file=raw.get("hub_file", "").rsplit("/", 1)[-1],
         size=None,
         sha256=None,
-        quantization=raw.get("quantization"),
-        family=raw.get("family"),
-        tokenizer=raw.get("tokenizer"),
-        context_length=raw.get("context_length"),
-        license=raw.get("license"),
-        description=raw.get("description"),
+        **_descriptive(raw),
         hub_repo=raw["hub_repo"],
         hub_file=raw.get("hub_file"),
         hub_revision=raw.get("hub_revision"),
