@@ -12,8 +12,6 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
-import numpy as np
-
 from edgespec.drafters.base import Draft, Drafter
 from edgespec.drafters.controller import Controller, FixedController, Plan, RoundController
 from edgespec.drafters.costs import CostCache, Costs, setup_key, time_decodes
@@ -22,7 +20,7 @@ from edgespec.drafters.model import ModelDrafter
 from edgespec.errors import ContextOverflowError, EdgespecError, InvalidParameterError
 from edgespec.events import Chunk, Event, Finished, FinishReason, Span, Stats
 from edgespec.models.backend import MAX_ROWS, Model
-from edgespec.sampling import Readout, SamplingParams, readout_for, warp
+from edgespec.sampling import Readout, SamplingParams, Scores, Uniforms, Warped, readout_for
 from edgespec.text import TextStream
 from edgespec.verify import Verdict, verify_greedy, verify_stochastic
 
@@ -166,8 +164,8 @@ class Engine:
             if controller is self._auto and readout != self._calibrated_for:
                 self._calibrate(ctx, controller, max_gamma, readout)
             tally.t_prefill = clock() - t_start
-            models = [target] if self.draft_model is None else [target, self.draft_model]
-            busy_at_start = sum(m.busy_seconds for m in models)
+            draft_model, is_eog = self.draft_model, target.is_eog
+            busy_at_start = target.busy_seconds + (draft_model.busy_seconds if draft_model is not None else 0.0)
             text = TextStream(target.piece, params.stop)
             out: list[int] = []  # the output's tokens (no end-of-generation token)
             spans: list[Span] = []
@@ -197,10 +195,9 @@ class Engine:
                 k, token = self._accept(draft, scores, params, rng)
                 new = [*draft.tokens[:k], token]
                 from_draft = [True] * k + [False]
-                for i, t in enumerate(new):
-                    if target.is_eog(t):  # nothing after an end-of-generation token is output
-                        del new[i + 1 :], from_draft[i + 1 :]
-                        break
+                eog = next((i for i, t in enumerate(new) if is_eog(t)), None)
+                if eog is not None:  # nothing after an end-of-generation token is output
+                    del new[eog + 1 :], from_draft[eog + 1 :]
                 t3 = clock()
                 # 4. Roll back both models to the committed prefix.
                 ctx.extend(new)
@@ -211,11 +208,13 @@ class Engine:
                 )
 
                 # Emit the committed tokens' text; an end-of-generation token or a stop string ends the request.
-                spans, emitted, finish, stopped_by = self._emit(new, from_draft, text)
+                spans, emitted, finish, stopped_by = self._emit(new, from_draft, eog, text)
                 out.extend(emitted)
                 n_out = len(ctx) - n_prompt  # committed after the prompt, an end-of-generation token included
                 tally.add_round(gamma, k, t1 - t0, t2 - t1, t3 - t2)
-                t_llama = sum(m.busy_seconds for m in models) - busy_at_start
+                t_llama = target.busy_seconds - busy_at_start
+                if draft_model is not None:
+                    t_llama += draft_model.busy_seconds
                 stats = tally.snapshot(t_start, t_llama, plan, controller, generated=n_out, draft_len=gamma)
                 if finish is None and n_out >= params.max_tokens:
                     finish = "length"
@@ -246,7 +245,7 @@ class Engine:
         ctx: list[int],
         max_len: int,
         params: SamplingParams,
-        rng: np.random.Generator,
+        rng: Uniforms,
     ) -> tuple[Plan, Draft]:
         lookup_draft = Draft.empty()
         lookup = self._lookup
@@ -263,13 +262,16 @@ class Engine:
         return plan, self.drafters[plan.drafter].propose(ctx, gamma, params, rng)
 
     def _emit(
-        self, new: list[int], from_draft: list[bool], text: TextStream
+        self, new: list[int], from_draft: list[bool], eog: int | None, text: TextStream
     ) -> tuple[list[Span], list[int], FinishReason | None, str | None]:
-        """Text of the committed tokens, split by origin; the tokens that count as output; why to stop, if so."""
+        """Text of the committed tokens, split by origin; the tokens that count as output; why to stop, if so.
+
+        ``eog``: the index in ``new`` of an end-of-generation token (the last one), if there is one.
+        """
         spans: list[Span] = []
         emitted: list[int] = []
-        for tok, origin in zip(new, from_draft, strict=True):
-            if self.target.is_eog(tok):
+        for i, (tok, origin) in enumerate(zip(new, from_draft, strict=True)):
+            if i == eog:
                 return spans, emitted, "eos", self.target.token_text(tok)
             emitted.append(tok)
             piece = text.feed(tok)
@@ -280,10 +282,11 @@ class Engine:
         return spans, emitted, None, None
 
     @staticmethod
-    def _accept(draft: Draft, scores: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> Verdict:
+    def _accept(draft: Draft, scores: Scores, params: SamplingParams, rng: Uniforms) -> Verdict:
         if params.greedy:
             return verify_greedy(draft.tokens, scores)  # the target's argmax per position
-        return verify_stochastic(draft.tokens, draft.q, warp(scores, params), rng)  # p_1..p_{γ+1}: [γ+1, k]
+        # p_1..p_{γ+1}, each warped when the verifier first reads it
+        return verify_stochastic(draft.tokens, draft.q, Warped(scores, params), rng)
 
     def _calibrate(self, ctx: list[int], controller: RoundController, max_gamma: int, readout: Readout) -> None:
         """Give the controller, once per engine, what a verify of b tokens and a draft step cost on this machine.

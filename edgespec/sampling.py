@@ -15,6 +15,12 @@ raw logits (:class:`Candidates`, ``Readout.top_k``), and greedy decoding only ea
 rest of the warp (top-p, min-p, temperature) and every random draw stay here, on every path, over k numbers a row:
 one definition of the distribution, one seeded random generator. A request without top-k (``top_k = 0``) has no
 in-graph reduction to use and reads whole rows (``LOGITS``); the stats say which path ran (:attr:`Readout.path`).
+
+Why plain Python lists. A CPU decode streams the weights through every cache, so the Python that runs right after
+it pays for each distinct thing it touches: a numpy call measured 5-10 µs there, a top-40 warp and draw in numpy
+~200 µs, the same rules in a Python loop over 40 floats ~60 µs. A row of the sparse kind (:class:`Dist`) is two
+short lists; rows wider than :data:`PY_ROW_MAX` (a large top-k, whole rows) are cut in numpy and handed over as lists
+of their survivors.
 llama.cpp's in-graph top-p and min-p are not used: they mask with -inf in float32 rather than shrinking the set, and
 their boundaries differ from the chain's (``>`` where llama.cpp's CPU chain and this warp keep ``>=``).
 """
@@ -22,11 +28,12 @@ their boundaries differ from the chain's (``>`` where llama.cpp's CPU chain and 
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, bisect_right
+import random
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Literal
+from typing import Literal, NamedTuple, Protocol
 
 import numpy as np
 
@@ -75,9 +82,13 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    def rng(self) -> np.random.Generator:
-        """A generator for one request: seeded when ``seed`` is set, so the run is reproducible."""
-        return np.random.default_rng(self.seed)
+    def rng(self) -> random.Random:
+        """The uniforms of one request: seeded when ``seed`` is set, so the run is reproducible.
+
+        Python's generator, not numpy's: every draw is one scalar, and right after a CPU decode a numpy
+        ``Generator.random()`` measured 24 µs against 6 µs.
+        """
+        return random.Random(self.seed)
 
 
 # ----- what a decode hands back ------------------------------------------------------------------------------
@@ -86,7 +97,7 @@ class Readout:
     """What a decode returns for each row it scores.
 
     * ``logits``: the raw logits rows, ``[R, n_vocab]`` float32;
-    * ``argmax``: each row's argmax, ``[R]`` int64 (taken inside llama.cpp);
+    * ``argmax``: each row's argmax, a list of ``R`` ids (taken inside llama.cpp);
     * ``top_k``: the ``k`` highest-logit tokens of each row and their raw logits, :class:`Candidates` (selected
       inside llama.cpp).
     """
@@ -115,106 +126,182 @@ def readout_for(params: SamplingParams, n_vocab: int) -> Readout:
     return LOGITS  # no top-k: top-p and min-p need the whole row
 
 
-@dataclass(frozen=True)
 class Candidates:
-    """Per row, the tokens llama.cpp's in-graph top-k kept and their raw logits (in no particular order)."""
+    """Per row, the tokens llama.cpp's in-graph top-k kept and their raw logits (in no particular order).
 
-    ids: np.ndarray  # [R, k] int
-    logits: np.ndarray  # [R, k] float32
+    Lists, as read out of llama.cpp; numpy rows (tests, whole rows cut here) are accepted too.
+    """
+
+    __slots__ = ("ids", "logits")
+
+    def __init__(self, ids: Sequence[Sequence[int]], logits: Sequence[Sequence[float]]) -> None:
+        self.ids = ids  # [R][k]
+        self.logits = logits  # [R][k]
 
     def __len__(self) -> int:
-        return self.ids.shape[0]
+        return len(self.ids)
 
 
-Scores = np.ndarray | Candidates  # [R, n_vocab] logits, [R] argmax ids, or Candidates
+Scores = np.ndarray | list[int] | Candidates  # [R, n_vocab] logits, R argmax ids, or Candidates
+
+
+class Uniforms(Protocol):
+    """A source of uniform draws in [0, 1): ``random.Random`` (what requests use) or a numpy ``Generator``."""
+
+    def random(self) -> float: ...
 
 
 # ----- sparse distributions ----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Dists:
-    """Sparse categorical distributions, one per row: row r gives token ``ids[r, j]`` probability ``probs[r, j]``.
+class Dist(NamedTuple):
+    """One sparse categorical distribution: token ``ids[j]`` has probability ``probs[j]``, every other token 0.
 
-    Tokens not in a row have probability 0. Rows narrower than ``m`` are padded with id -1 and probability 0.
-    :func:`warp` sorts each row by descending probability (so column 0 is the mode); other constructors need not.
+    :func:`warp` lists only the tokens the warp kept, by descending probability (so ``ids[0]`` is the mode); other
+    constructors (a residual, a test's dense row) need not sort, and may list tokens of probability 0.
     """
 
-    ids: np.ndarray  # [R, m] int64
-    probs: np.ndarray  # [R, m] float64, each row sums to 1
+    ids: list[int]
+    probs: list[float]
 
-    def __len__(self) -> int:
-        return self.ids.shape[0]
-
-    def __getitem__(self, row: int) -> Dists:
-        """Row ``row`` as a one-row :class:`Dists`."""
-        return Dists(self.ids[row : row + 1], self.probs[row : row + 1])
-
-    def prob_of(self, tokens: np.ndarray) -> np.ndarray:
-        """``[len(tokens)]``: the probability of ``tokens[r]`` under row ``r``."""
-        n = len(tokens)
-        return np.where(self.ids[:n] == np.asarray(tokens)[:, None], self.probs[:n], 0.0).sum(axis=1)
-
-    def prob(self, token: int, row: int = 0) -> float:
-        hit = np.flatnonzero(self.ids[row] == token)
-        return float(self.probs[row, hit[0]]) if hit.size else 0.0
+    def prob(self, token: int) -> float:
+        """The probability of ``token`` (0 when it is not listed)."""
+        try:
+            return self.probs[self.ids.index(token)]
+        except ValueError:
+            return 0.0
 
     @property
     def top(self) -> int:
-        """The mode of row 0 (for sorted rows, as :func:`warp` makes them)."""
-        return int(self.ids[0, int(np.argmax(self.probs[0]))])
+        """The mode (the first of equals)."""
+        probs = self.probs
+        return self.ids[probs.index(max(probs))]
 
     @property
     def top_prob(self) -> float:
-        return float(self.probs[0].max())
+        return max(self.probs)
 
     @staticmethod
-    def one_hot(tokens: Sequence[int]) -> Dists:
-        return Dists(np.asarray(tokens, dtype=np.int64).reshape(-1, 1), np.ones((len(tokens), 1)))
-
-    @staticmethod
-    def stack(rows: Sequence[Dists]) -> Dists:
-        """One :class:`Dists` of all the rows of ``rows``, padded to the widest."""
-        width = max(r.ids.shape[1] for r in rows)
-        if all(r.ids.shape[1] == width for r in rows):
-            return Dists(np.concatenate([r.ids for r in rows]), np.concatenate([r.probs for r in rows]))
-        n = sum(len(r) for r in rows)
-        ids, probs = np.full((n, width), -1, dtype=np.int64), np.zeros((n, width))
-        at = 0
-        for r in rows:
-            rows_r, width_r = r.ids.shape
-            ids[at : at + rows_r, :width_r] = r.ids
-            probs[at : at + rows_r, :width_r] = r.probs
-            at += rows_r
-        return Dists(ids, probs)
+    def one_hot(token: int) -> Dist:
+        return Dist([int(token)], [1.0])
 
 
-def warp(scores: Scores, params: SamplingParams) -> Dists:
+# Rows up to this wide are warped in plain Python (see the module's docstring); past ~128 floats numpy's vector loops
+# win again.
+PY_ROW_MAX = 128
+
+
+def warp(scores: Scores, params: SamplingParams) -> list[Dist]:
     """Rows of raw logits (``[n_vocab]`` or ``[R, n_vocab]``, or llama.cpp's top-k :class:`Candidates`) → the
     distributions the sampler draws from, one per row."""
+    if isinstance(scores, np.ndarray) and scores.ndim == 1:
+        scores = scores.reshape(1, -1)
+    return [warp_row(scores, r, params) for r in range(len(scores))]
+
+
+class Warped(Sequence[Dist]):
+    """:func:`warp`, row by row when a row is first asked for: a verify reads the rows up to its first rejection."""
+
+    def __init__(self, scores: Scores, params: SamplingParams) -> None:
+        self._scores, self._params = scores, params
+
+    def __len__(self) -> int:
+        return len(self._scores)
+
+    def __getitem__(self, row: int) -> Dist:  # type: ignore[override]  # rows only, no slices
+        return warp_row(self._scores, row, self._params)
+
+
+def warp_row(scores: Scores, row: int, params: SamplingParams) -> Dist:
+    """Row ``row`` of ``scores`` (see :func:`warp`), warped."""
     if isinstance(scores, Candidates):
-        ids, x = scores.ids, scores.logits
+        ids, x = scores.ids[row], scores.logits[row]
+        if isinstance(x, np.ndarray):
+            ids, x = ids.tolist(), x.tolist()
         if params.greedy:
-            return Dists.one_hot(np.take_along_axis(ids, x.argmax(axis=1)[:, None], axis=1).ravel())
-        if 0 < params.top_k < ids.shape[1]:  # a readout wider than asked: cut it to the k best here
-            ids, x = _top_k(ids, x, params.top_k)
-        return _warp_candidates(ids, x, params)
+            return Dist.one_hot(ids[x.index(max(x))])
+        if 0 < params.top_k < len(x):  # a readout wider than asked: cut it to the k best here
+            best = sorted(range(len(x)), key=x.__getitem__, reverse=True)[: params.top_k]
+            ids, x = [ids[i] for i in best], [x[i] for i in best]
+        if len(x) <= PY_ROW_MAX:
+            return _warp_one(ids, x, params)
+        return _warp_rows(np.asarray([ids]), np.asarray([x], dtype=np.float32), params, None)[0]
 
-    logits = scores.reshape(1, -1) if scores.ndim == 1 else scores
+    logits = scores[row]
     if params.greedy:
-        return Dists.one_hot(logits.argmax(axis=1))
-    n_vocab = logits.shape[1]
+        return Dist.one_hot(int(logits.argmax()))
+    n_vocab = logits.shape[0]
     if 0 < params.top_k < n_vocab:
-        ids, x = _top_k(np.broadcast_to(np.arange(n_vocab), logits.shape), logits, params.top_k)
-        return _warp_candidates(ids, x, params)
-    return Dists.stack([_warp_full_row(row, params) for row in logits])
+        ids = logits.argpartition(-params.top_k)[-params.top_k :]
+        if params.top_k <= PY_ROW_MAX:
+            return _warp_one(ids.tolist(), logits[ids].tolist(), params)
+        return _warp_rows(ids[None, :], logits[ids][None, :], params, None)[0]
+    return _warp_full_row(logits, params)
 
 
-def _top_k(ids: np.ndarray, x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    cut = x.argpartition(-k, axis=1)[:, -k:]
+def _warp_one(ids: list[int], xs: list[float], params: SamplingParams) -> Dist:
+    """top-p → min-p → temperature on one candidate row of at most :data:`PY_ROW_MAX`, in plain Python: the hot path
+    of plain decoding, of each draft step and of each verified row. The same rules and the same float64 arithmetic
+    as :func:`_warp_rows` (the same sequential sums), with only the min-p survivors sorted."""
+    exp = math.exp
+    top = max(xs)
+    x = [v - top for v in xs]  # relative to the mode: <= 0
+    w = [exp(v) for v in x]  # temperature-1 weights relative to the mode
+    z = 0.0  # their total, in candidate order (top-p's mass is measured against every candidate)
+    for v in w:
+        z += v
+    if not z == z:  # NaN: a NaN logit, or +inf ones (inf - inf); -inf is a masked token and weighs 0
+        _damaged(math.inf if top == math.inf else math.nan)
+    # min-p keeps p_i >= min_p * p_max, i.e. x_i - x_max >= ln(min_p): a prefix of the sorted order.
+    floor = math.log(params.min_p) if params.min_p > 0 else -math.inf
+    kept = [j for j, v in enumerate(x) if v >= floor]
+    kept.sort(key=x.__getitem__, reverse=True)  # stable: ties keep their candidate order
+    if params.top_p < 1:  # the smallest prefix with mass >= top_p: token j stays while the mass before it is less
+        limit, mass, n = params.top_p * z, 0.0, 0
+        for j in kept:
+            if n and mass >= limit:
+                break
+            mass += w[j]
+            n += 1
+        del kept[n:]
+    t = params.temperature
+    weights = [w[j] for j in kept] if t == 1 else [exp(x[j] / t) for j in kept]
+    total = 0.0
+    for v in weights:
+        total += v
+    return Dist([ids[j] for j in kept], [v / total for v in weights])
+
+
+def _warp_rows(ids: np.ndarray, logits: np.ndarray, params: SamplingParams, log_z: np.ndarray | None) -> list[Dist]:
+    """:func:`_warp_one` in numpy, all rows at once, for rows wider than :data:`PY_ROW_MAX`.
+
+    ``log_z``: per row ``[R, 1]``, the log of the temperature-1 softmax normaliser over all candidates, when
+    ``logits`` hold only some of them (else it is computed from ``logits``).
+    """
+    x = logits.astype(np.float64)
+    x_max = x.max(axis=1, keepdims=True)  # [R, 1] each row's largest logit (NaN if any is)
+    with np.errstate(invalid="ignore"):
+        x = x - x_max  # relative to each row's mode: x_i <= 0 (the same numbers as the one-row path)
+        rel = np.exp(x)  # [R, m] temperature-1 weights relative to the mode
+    # The total in candidate order, as the one-row path sums it (cumsum is sequential).
+    z = rel.cumsum(axis=1)[:, -1:] if log_z is None else np.exp(log_z - x_max)
+    if np.isnan(z).any():  # a NaN logit, or +inf ones; -inf is a masked token and weighs 0
+        _damaged(np.inf if np.isposinf(x_max).any() else np.nan)
+    order = (-x).argsort(axis=1, kind="stable")
     each_row = np.arange(x.shape[0])[:, None]
-    return ids[each_row, cut], x[each_row, cut]
+    ids, x, rel = ids[each_row, order].astype(np.int64, copy=False), x[each_row, order], rel[each_row, order]
+    keep = np.ones(x.shape, dtype=bool)
+    if params.min_p > 0:
+        keep &= x >= math.log(params.min_p)
+    if params.top_p < 1:
+        # token j stays while the mass before it is below top_p (the mode always stays)
+        keep[:, 1:] &= rel.cumsum(axis=1)[:, :-1] < params.top_p * z
+    # Both cuts keep a prefix of the sorted order, so the order they run in does not matter.
+    probs = (rel if params.temperature == 1 else np.exp(x / params.temperature)) * keep
+    probs /= probs.sum(axis=1, keepdims=True)
+    n_kept = keep.sum(axis=1)
+    return [Dist(ids[r, :n].tolist(), probs[r, :n].tolist()) for r, n in enumerate(n_kept.tolist())]
 
 
-def _warp_full_row(logits: np.ndarray, params: SamplingParams) -> Dists:
+def _warp_full_row(logits: np.ndarray, params: SamplingParams) -> Dist:
     """One whole row with no top-k (the ``LOGITS`` path): filter by min-p before sorting 150k logits."""
     x = logits.astype(np.float64)
     x_max = float(x.max())
@@ -223,82 +310,7 @@ def _warp_full_row(logits: np.ndarray, params: SamplingParams) -> Dists:
     # top-p's mass is measured over every candidate, so its normaliser comes before the min-p filter.
     log_z = x_max + math.log(float(np.exp(x - x_max).sum()))
     ids = np.flatnonzero(x >= x_max + math.log(params.min_p)) if params.min_p > 0 else np.arange(x.shape[0])
-    return _warp_candidates(ids[None, :], x[ids][None, :], params, log_z=np.array([[log_z]]))
-
-
-def _warp_candidates(
-    ids: np.ndarray, logits: np.ndarray, params: SamplingParams, log_z: np.ndarray | None = None
-) -> Dists:
-    """top-p → min-p → temperature on candidate rows ``[R, m]`` (the survivors of top-k), all rows at once.
-
-    ``log_z``: per row ``[R, 1]``, the log of the temperature-1 softmax normaliser over all candidates, when
-    ``logits`` hold only some of them (else it is computed from ``logits``). Rows keep their width ``m``: tokens
-    cut by top-p or min-p stay in place with probability 0, so draft rows stack without padding.
-    """
-    if ids.shape[0] == 1 and log_z is None and ids.shape[1] <= PY_ROW_MAX:
-        return _warp_one(ids[0], logits[0], params)
-    return _warp_rows(ids, logits, params, log_z)
-
-
-def _warp_rows(ids: np.ndarray, logits: np.ndarray, params: SamplingParams, log_z: np.ndarray | None) -> Dists:
-    """:func:`_warp_candidates` in numpy, all rows at once."""
-    x = logits.astype(np.float64)
-    order = (-x).argsort(axis=1, kind="stable")
-    each_row = np.arange(x.shape[0])[:, None]
-    ids, x = ids[each_row, order].astype(np.int64, copy=False), x[each_row, order]
-    if not (np.isfinite(x[:, 0]).all() and not np.isnan(x[:, -1]).any()):  # sorted: NaN last, +inf first
-        _damaged(np.nan if np.isnan(x).any() else np.inf)
-    x_max = x[:, :1]  # [R, 1] each row's largest logit
-    x = x - x_max  # [R, m] relative to each row's mode: x_i <= 0 (the same numbers as the one-row path)
-    rel = np.exp(x)  # [R, m] temperature-1 weights relative to the mode
-    keep = np.ones(x.shape, dtype=bool)
-    if params.min_p > 0:
-        # min-p keeps p_i >= min_p * p_max, i.e. x_i - x_max >= ln(min_p).
-        keep &= x >= math.log(params.min_p)
-    if params.top_p < 1:
-        # The smallest prefix whose temperature-1 mass reaches top_p: token j stays while the mass before it is
-        # below top_p (the mode always stays). The total is the cumulative sum's last, as in the one-row path.
-        cumulative = rel.cumsum(axis=1)
-        z = cumulative[:, -1:] if log_z is None else np.exp(log_z - x_max)
-        keep[:, 1:] &= cumulative[:, :-1] < params.top_p * z
-    # Both cuts keep a prefix of the sorted order, so the order they run in does not matter.
-    probs = (rel if params.temperature == 1 else np.exp(x / params.temperature)) * keep
-    probs /= probs.sum(axis=1, keepdims=True)
-    return Dists(ids, probs)
-
-
-# Rows up to this wide are warped and sampled in plain Python. Right after a decode has streamed the weights through
-# the CPU's caches, each numpy call costs ~5-10 µs (measured: 235 µs for warp + sample of a top-40 row, 15 calls),
-# while a Python loop over 40 floats costs a few µs; past ~128 floats numpy's vector loops win again.
-PY_ROW_MAX = 128
-
-
-def _warp_one(ids: np.ndarray, logits: np.ndarray, params: SamplingParams) -> Dists:
-    """:func:`_warp_rows` for one row of at most :data:`PY_ROW_MAX`, the hot path of plain decoding and of each draft
-    step: the same rules in the same order (the same sequential float64 sums), with the kept prefix found by a scan."""
-    m = logits.shape[0]
-    xs = logits.tolist()
-    if any(x != x or x == math.inf for x in xs):  # NaN or +inf; -inf is a token masked out
-        _damaged(math.nan if any(x != x for x in xs) else math.inf)
-    order = sorted(range(m), key=xs.__getitem__, reverse=True)  # stable: ties keep their index order
-    top = xs[order[0]]
-    x = [xs[i] - top for i in order]  # relative to the mode: x_i <= 0
-    n = m
-    if params.min_p > 0:  # x_i >= ln(min_p): a prefix of the sorted order
-        floor = math.log(params.min_p)
-        n = next((j for j, v in enumerate(x) if not v >= floor), m)
-    rel = None
-    if params.top_p < 1:  # the mass before token j below top_p: up to the first j whose cumulative mass reaches it
-        rel = [math.exp(v) for v in x]
-        cumulative = list(accumulate(rel))  # sequential sums, as numpy's cumsum
-        n = min(n, bisect_left(cumulative, params.top_p * cumulative[-1]) + 1)
-    t = params.temperature
-    kept = rel[:n] if rel is not None and t == 1 else [math.exp(v / t) for v in x[:n]]
-    total = sum(kept)
-    probs = np.zeros((1, m))
-    probs[0, :n] = [w / total for w in kept]
-    row_ids = ids.tolist()
-    return Dists(np.array([[row_ids[i] for i in order]], dtype=np.int64), probs)
+    return _warp_rows(ids[None, :], x[ids][None, :], params, log_z=np.array([[log_z]]))[0]
 
 
 def _damaged(value: float) -> None:
@@ -306,41 +318,30 @@ def _damaged(value: float) -> None:
     raise ModelError(f"the model computed {value} logits: its weights are damaged; download it again")
 
 
-def sample(dist: Dists, rng: np.random.Generator, row: int = 0) -> int:
-    """Draw one token from row ``row`` of ``dist``: the first token whose cumulative mass exceeds u * total."""
-    probs = dist.probs[row]
-    m = probs.shape[0]
-    if m == 1:
-        return int(dist.ids[row, 0])
-    u = rng.random()
-    if m <= PY_ROW_MAX:  # in Python (see PY_ROW_MAX), the same sequential sums as numpy's cumsum
-        ps = probs.tolist()
-        cumulative = list(accumulate(ps))
-        i = bisect_right(cumulative, u * cumulative[-1])
-        if i >= m or ps[i] == 0:  # rounding at the very top end: the last token with mass
-            i = max(j for j, w in enumerate(ps) if w > 0)
-        return int(dist.ids[row, i])
-    cumulative = probs.cumsum()
-    i = int(cumulative.searchsorted(u * cumulative[-1], side="right"))
-    if i >= m or probs[i] == 0:  # rounding at the very top end: the last token with mass
-        i = int(np.flatnonzero(probs)[-1])
-    return int(dist.ids[row, i])
+def sample(dist: Dist, rng: Uniforms) -> int:
+    """Draw one token from ``dist``: the first token whose cumulative mass exceeds u * total."""
+    probs = dist.probs
+    if len(probs) == 1:
+        return dist.ids[0]
+    cumulative = list(accumulate(probs))  # sequential sums
+    i = bisect_right(cumulative, rng.random() * cumulative[-1])
+    if i >= len(probs) or probs[i] == 0:  # rounding at the very top end: the last token with mass
+        i = max(j for j, w in enumerate(probs) if w > 0)
+    return dist.ids[i]
 
 
-def densify(dist: Dists, n_vocab: int) -> np.ndarray:
-    """The dense ``[R, n_vocab]`` probability rows of ``dist`` (``[n_vocab]`` for one row); for tests and
+def densify(dists: Sequence[Dist], n_vocab: int) -> np.ndarray:
+    """The dense ``[R, n_vocab]`` probability rows of ``dists`` (``[n_vocab]`` for one row); for tests and
     diagnostics, not the hot path."""
-    out = np.zeros((len(dist), n_vocab))
-    for r in range(len(dist)):
-        real = dist.ids[r] >= 0
-        np.add.at(out[r], dist.ids[r][real], dist.probs[r][real])
-    return out[0] if len(dist) == 1 else out
+    out = np.zeros((len(dists), n_vocab))
+    for r, d in enumerate(dists):
+        np.add.at(out[r], np.asarray(d.ids, dtype=np.int64), d.probs)
+    return out[0] if len(dists) == 1 else out
 
 
-def from_probs(probs: Sequence[float]) -> Dists:
-    """A one-row :class:`Dists` from a dense probability vector (zeros dropped), for tests and diagnostics."""
+def from_probs(probs: Sequence[float]) -> Dist:
+    """A :class:`Dist` from a dense probability vector (zeros dropped, sorted), for tests and diagnostics."""
     p = np.asarray(probs, dtype=np.float64)
     ids = np.flatnonzero(p > 0)
-    order = np.argsort(-p[ids], kind="stable")
-    ids = ids[order]
-    return Dists(ids.astype(np.int64)[None, :], (p[ids] / p[ids].sum())[None, :])
+    ids = ids[np.argsort(-p[ids], kind="stable")]
+    return Dist(ids.tolist(), (p[ids] / p[ids].sum()).tolist())

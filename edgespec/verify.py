@@ -1,4 +1,4 @@
-"""Exact acceptance of drafted tokens (Leviathan et al. 2023; Chen et al. 2023). Pure numpy, no models.
+"""Exact acceptance of drafted tokens (Leviathan et al. 2023; Chen et al. 2023). No models, no numpy.
 
 Symbols follow the papers: draft tokens ``d_1..d_γ`` with draft distributions ``q_1..q_γ``, target
 distributions ``p_1..p_{γ+1}`` (``p_i`` conditions on the committed text plus ``d_1..d_{i-1}``).
@@ -10,8 +10,8 @@ distributions ``p_1..p_{γ+1}`` (``p_i`` conditions on the committed text plus `
 The emitted tokens are then distributed exactly as if sampled from ``p`` one at a time. A deterministic drafter
 (prompt lookup) passes ``q=None``: its ``q_i`` is one-hot on ``d_i``. Greedy decoding has its own path.
 
-The accept tests of all γ positions run at once, on the sparse rows: γ independent uniforms decide the same as
-drawing them one by one up to the first rejection, since the ones after it are never looked at.
+The positions are tested one by one, as the papers write it, and ``p`` may warp its rows only when asked
+(:class:`~edgespec.sampling.Warped`): the rows after the first rejection are never computed.
 """
 
 from __future__ import annotations
@@ -19,9 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-import numpy as np
-
-from edgespec.sampling import Dists, sample
+from edgespec.sampling import Dist, Uniforms, sample
 
 
 class Verdict(NamedTuple):
@@ -40,37 +38,36 @@ def verify_greedy(draft: Sequence[int], target_top: Sequence[int]) -> Verdict:
     return Verdict(len(draft), int(target_top[len(draft)]))
 
 
-def verify_stochastic(draft: Sequence[int], q: Dists | None, p: Dists, rng: np.random.Generator) -> Verdict:
+def verify_stochastic(
+    draft: Sequence[int], q: Sequence[Dist] | None, p: Sequence[Dist], rng: Uniforms
+) -> Verdict:
     """Rejection sampling over one draft. ``p`` has ``len(draft) + 1`` rows, ``q`` (if given) ``len(draft)``;
     ``q is None`` means one-hot drafts."""
-    gamma = len(draft)
-    if gamma:
-        d = np.asarray(draft)
-        p_d = p.prob_of(d)  # [γ] p_i(d_i)
-        q_d = np.ones(gamma) if q is None else q.prob_of(d)  # [γ] q_i(d_i), > 0 for any token drawn from q_i
-        accepted = rng.random(gamma) * q_d < p_d  # u_i < p_i(d_i) / q_i(d_i), without dividing
-        k = gamma if accepted.all() else int(np.argmin(accepted))
-        if k < gamma:
-            q_k = Dists.one_hot([draft[k]]) if q is None else q[k]
-            return Verdict(k, sample(residual(p[k], q_k), rng))
-    return Verdict(gamma, sample(p, rng, row=gamma))
+    for i, d in enumerate(draft):
+        p_i = p[i]
+        q_d = 1.0 if q is None else q[i].prob(d)  # q_i(d_i) > 0 for any token drawn from q_i
+        if rng.random() * q_d < p_i.prob(d):  # u < p_i(d_i) / q_i(d_i), without dividing
+            continue
+        q_i = Dist.one_hot(d) if q is None else q[i]
+        return Verdict(i, sample(residual(p_i, q_i), rng))
+    return Verdict(len(draft), sample(p[len(draft)], rng))
 
 
-def residual(p: Dists, q: Dists) -> Dists:
-    """``norm(max(0, p - q))`` of one-row distributions, over the union of both supports.
+def residual(p: Dist, q: Dist) -> Dist:
+    """``norm(max(0, p - q))``, over ``p``'s support (where ``p`` is 0 the difference is never positive).
 
     If ``p <= q`` everywhere (only possible when ``p == q`` up to rounding, in which case a rejection has
     probability ~0) the residual is empty and ``p`` itself is the right fallback.
     """
-    p_real, q_real = p.probs[0] > 0, q.probs[0] > 0
-    p_ids, q_ids = p.ids[0][p_real], q.ids[0][q_real]
-    ids = np.union1d(p_ids, q_ids)  # [m] sorted
-    diff = np.zeros(ids.shape[0])
-    diff[ids.searchsorted(p_ids)] += p.probs[0][p_real]
-    diff[ids.searchsorted(q_ids)] -= q.probs[0][q_real]
-    np.maximum(diff, 0.0, out=diff)
-    total = float(diff.sum())
+    q_of = dict(zip(q.ids, q.probs, strict=True))
+    ids, diff = [], []
+    total = 0.0
+    for token, p_t in zip(p.ids, p.probs, strict=True):
+        d = p_t - q_of.get(token, 0.0)
+        if d > 0:
+            ids.append(token)
+            diff.append(d)
+            total += d
     if total <= 1e-12:
         return p
-    keep = diff > 0
-    return Dists(ids[keep][None, :], (diff[keep] / total)[None, :])
+    return Dist(ids, [d / total for d in diff])

@@ -69,11 +69,11 @@ class FakeModel:
         self.readouts.append(readout)
         out = np.array(logits, dtype=np.float32).reshape(len(logits), self.n_vocab)
         if readout.kind == "argmax":
-            return out.argmax(axis=1)
-        if readout.kind == "top_k":
+            return out.argmax(axis=1).tolist()
+        if readout.kind == "top_k":  # lists, as the real Model reads them out
             ids = np.argsort(-out, axis=1, kind="stable")[:, : readout.k]
             ids = ids[:, np.random.default_rng(len(self.decode_calls)).permutation(ids.shape[1])]
-            return Candidates(ids.astype(np.int32), np.take_along_axis(out, ids, axis=1))
+            return Candidates(ids.tolist(), np.take_along_axis(out, ids, axis=1).tolist())
         return out
 
     def readout_path(self, readout: Readout) -> str:

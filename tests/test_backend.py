@@ -42,7 +42,7 @@ def test_argmax_readout_is_the_argmax_of_the_logits_rows(tiny: Model) -> None:
     every = every_row(tiny, tokens)
     top = tiny.decode(tokens, [2, 5, 9, 10], ARGMAX)
     assert tiny.readout_path(ARGMAX) == "argmax in llama.cpp"  # sampled in the graph, not emulated
-    assert top.shape == (4,) and list(top) == list(every[[2, 5, 9, 10]].argmax(axis=1))
+    assert top == every[[2, 5, 9, 10]].argmax(axis=1).tolist()
 
 
 def test_top_k_readout_is_the_k_best_of_each_row_with_their_logits(tiny: Model) -> None:
@@ -50,10 +50,10 @@ def test_top_k_readout_is_the_k_best_of_each_row_with_their_logits(tiny: Model) 
     every = every_row(tiny, tokens)
     rows = [1, 6, 8, 9, 10]  # both n_batch chunks
     got = tiny.decode(tokens, rows, Readout("top_k", 20))
-    assert isinstance(got, Candidates) and got.ids.shape == got.logits.shape == (5, 20)
+    assert isinstance(got, Candidates) and [len(r) for r in got.ids] == [len(r) for r in got.logits] == [20] * 5
     for r, i in enumerate(rows):
         expected = np.argsort(-every[i])[:20]
-        assert set(got.ids[r].tolist()) == set(expected.tolist())
+        assert set(got.ids[r]) == set(expected.tolist())
         np.testing.assert_allclose(got.logits[r], every[i][got.ids[r]], atol=1e-3)
 
 
@@ -70,7 +70,7 @@ def test_switching_readouts_back_and_forth_keeps_the_kv_and_the_rows(tiny: Model
         elif readout.kind == "argmax":
             assert int(got[0]) == best
         else:
-            assert best in got.ids[0].tolist()
+            assert best in got.ids[0]
     assert tiny.kv_tokens == tokens[:-1]
 
 

@@ -317,9 +317,8 @@ def chain_warp(params: SamplingParams):
     """The warp every path uses, as {token: probability} of a whole logits row."""
 
     def warp_row(row: np.ndarray) -> dict[int, float]:
-        d = warp(row, params)
-        real = d.probs[0] > 0
-        return dict(zip(d.ids[0][real].tolist(), d.probs[0][real].tolist(), strict=True))
+        (d,) = warp(row, params)
+        return {t: p for t, p in zip(d.ids, d.probs, strict=True) if p > 0}
 
     return warp_row
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from stat_tools import fits
 
-from edgespec.sampling import Dists, from_probs, sample
+from edgespec.sampling import Dist, densify, from_probs, sample
 from edgespec.verify import Verdict, residual, verify_greedy, verify_stochastic
 
 V = 6  # a small vocabulary so every cell of the joint distribution gets counts
@@ -24,13 +24,13 @@ def random_chain(rng: np.random.Generator, sharp: float) -> np.ndarray:
     return p / p.sum(axis=1, keepdims=True)
 
 
-def chain_rows(P: np.ndarray) -> Dists:
+def chain_rows(P: np.ndarray) -> list[Dist]:
     """Row ``c`` is P's next-token distribution after ``c``, over the whole vocabulary (zeros kept)."""
-    return Dists(np.broadcast_to(np.arange(V), P.shape), P)
+    return [Dist(list(range(V)), row.tolist()) for row in P]
 
 
-def rows_of(d: Dists, contexts: list[int]) -> Dists:
-    return Dists(d.ids[contexts], d.probs[contexts])
+def rows_of(d: list[Dist], contexts: list[int]) -> list[Dist]:
+    return [d[c] for c in contexts]
 
 
 def speculative_pairs(
@@ -54,7 +54,7 @@ def speculative_pairs(
             # draft γ tokens from q (or a deterministic guess), conditioned on the running context
             draft, prev = [], out[-1]
             for _ in range(gamma):
-                d = (prev * 7 + 3) % V if q_rows is None else sample(q_rows, rng, row=prev)  # an arbitrary proposer
+                d = (prev * 7 + 3) % V if q_rows is None else sample(q_rows[prev], rng)  # an arbitrary proposer
                 draft.append(d)
                 prev = d
             contexts = [out[-1], *draft]
@@ -91,19 +91,19 @@ def test_deterministic_drafter_is_exact() -> None:
 def _accept_if_p_above_q(draft, q, p, rng) -> Verdict:
     """A plausible-looking but biased verifier: accepts d only when p(d) >= q(d), else resamples from p."""
     for i, d in enumerate(draft):
-        if p.prob(d, i) >= q.prob(d, i):
+        if p[i].prob(d) >= q[i].prob(d):
             continue
-        return Verdict(i, sample(p, rng, i))
-    return Verdict(len(draft), sample(p, rng, len(draft)))
+        return Verdict(i, sample(p[i], rng))
+    return Verdict(len(draft), sample(p[len(draft)], rng))
 
 
 def _resample_from_p(draft, q, p, rng) -> Verdict:
     """Correct acceptance, wrong correction: draws from p instead of norm(max(0, p - q))."""
     for i, d in enumerate(draft):
-        if rng.random() < min(1.0, p.prob(d, i) / q.prob(d, i)):
+        if rng.random() < min(1.0, p[i].prob(d) / q[i].prob(d)):
             continue
-        return Verdict(i, sample(p, rng, i))
-    return Verdict(len(draft), sample(p, rng, len(draft)))
+        return Verdict(i, sample(p[i], rng))
+    return Verdict(len(draft), sample(p[len(draft)], rng))
 
 
 def _token_match(draft, q, p, rng) -> Verdict:
@@ -111,8 +111,8 @@ def _token_match(draft, q, p, rng) -> Verdict:
     for i, d in enumerate(draft):
         if d == p[i].top:
             continue
-        return Verdict(i, sample(p, rng, i))
-    return Verdict(len(draft), sample(p, rng, len(draft)))
+        return Verdict(i, sample(p[i], rng))
+    return Verdict(len(draft), sample(p[len(draft)], rng))
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -133,10 +133,10 @@ def test_bonus_token_comes_from_the_last_target_distribution() -> None:
     counts = np.zeros(4)
     for _ in range(4000):
         # q == p on the draft position: always accepted, so every emitted second token is a bonus from p_last
-        k, t = verify_stochastic([1], same, Dists.stack([same, p_last]), rng)
+        k, t = verify_stochastic([1], [same], [same, p_last], rng)
         assert k == 1
         counts[t] += 1
-    ok, why = fits(counts, p_last.probs[0][np.argsort(p_last.ids[0])])
+    ok, why = fits(counts, densify([p_last], 4))
     assert ok, why
 
 
@@ -151,9 +151,7 @@ def test_residual_is_positive_part_normalised() -> None:
     p = from_probs([0.5, 0.3, 0.2, 0.0])
     q = from_probs([0.2, 0.5, 0.0, 0.3])
     r = residual(p, q)
-    dense = np.zeros(4)
-    dense[r.ids[0]] = r.probs[0]
-    np.testing.assert_allclose(dense, [0.3 / 0.5, 0.0, 0.2 / 0.5, 0.0])
+    np.testing.assert_allclose(densify([r], 4), [0.3 / 0.5, 0.0, 0.2 / 0.5, 0.0])
 
 
 def test_residual_of_identical_distributions_falls_back_to_p() -> None:
@@ -163,7 +161,7 @@ def test_residual_of_identical_distributions_falls_back_to_p() -> None:
 
 def test_one_hot_draft_rejection_never_returns_the_rejected_token() -> None:
     rng = np.random.default_rng(0)
-    p = Dists.stack([Dists(np.array([[0, 1, 2]]), np.array([[0.2, 0.3, 0.5]])), from_probs([1.0])])
+    p = [Dist([0, 1, 2], [0.2, 0.3, 0.5]), from_probs([1.0])]
     for _ in range(500):
         k, t = verify_stochastic([0], None, p, rng)
         if k == 0:

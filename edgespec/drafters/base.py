@@ -11,15 +11,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-import numpy as np
-
-from edgespec.sampling import Dists, SamplingParams
+from edgespec.sampling import Dist, SamplingParams, Uniforms
 
 
 @dataclass(frozen=True)
 class Draft:
     tokens: list[int]  # d_1 .. d_γ' (γ' <= the γ asked for; may be empty: "nothing to propose")
-    q: Dists | None  # rows q_1 .. q_γ' the tokens were sampled from; None for a deterministic drafter
+    q: list[Dist] | None  # q_1 .. q_γ' the tokens were sampled from; None for a deterministic drafter
 
     @staticmethod
     def empty() -> Draft:
@@ -33,7 +31,7 @@ class Drafter(Protocol):
         """A new request starts; ``context`` is its prompt (it may share a prefix with the last request)."""
 
     def propose(
-        self, context: Sequence[int], max_len: int, params: SamplingParams, rng: np.random.Generator
+        self, context: Sequence[int], max_len: int, params: SamplingParams, rng: Uniforms
     ) -> Draft:
         """Propose up to ``max_len`` tokens to follow ``context`` (all committed tokens so far)."""
 

@@ -530,6 +530,10 @@ class FixedController:
         self.gamma = gamma
         self.max_gamma = gamma
         self._plain = DecayedRatio(0.9)
+        # The same plan every round (a lookup's γ depends on what it found)
+        self._plan = Plan(None, 0, "fixed: plain decoding") if self.drafter is None else Plan(
+            self.drafter, gamma, f"fixed: {self.drafter} γ={gamma}"
+        )
 
     @property
     def plain_tokens_per_second(self) -> float:
@@ -547,12 +551,11 @@ class FixedController:
             self._plain.add(verify[1])
 
     def plan(self, lookup: Sequence[int] = ()) -> Plan:
-        if self.drafter is None:
-            return Plan(None, 0, "fixed: plain decoding")
-        gamma = min(self.gamma, len(lookup)) if self.drafter == LOOKUP else self.gamma
-        if gamma <= 0:
+        if self.drafter != LOOKUP or len(lookup) >= self.gamma:
+            return self._plan
+        if not lookup:
             return Plan(None, 0, "fixed: lookup found nothing")
-        return Plan(self.drafter, gamma, f"fixed: {self.drafter} γ={gamma}")
+        return Plan(LOOKUP, len(lookup), f"fixed: {LOOKUP} γ={len(lookup)}")
 
     def observe(
         self,

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from edgespec.drafters.base import Draft
-from edgespec.sampling import SamplingParams
+from edgespec.sampling import SamplingParams, Uniforms
 
 NGram = tuple[int, ...]
 
@@ -56,7 +56,7 @@ class LookupDrafter:
         context: Sequence[int],
         max_len: int,
         params: SamplingParams | None = None,
-        rng: np.random.Generator | None = None,
+        rng: Uniforms | None = None,
     ) -> Draft:
         """``max_len`` tokens that followed the latest earlier occurrence of the longest suffix n-gram (periodic past
         the end of the text).

@@ -13,7 +13,7 @@ import numpy as np
 
 from edgespec.drafters.base import Draft
 from edgespec.models.backend import Model
-from edgespec.sampling import LOGITS, Dists, SamplingParams, Scores, readout_for, sample, warp
+from edgespec.sampling import LOGITS, Dist, SamplingParams, Scores, Uniforms, readout_for, sample, warp_row
 
 
 class ModelDrafter:
@@ -31,7 +31,7 @@ class ModelDrafter:
         self._committed = len(self.model.kv_tokens)
 
     def propose(
-        self, context: Sequence[int], max_len: int, params: SamplingParams, rng: np.random.Generator
+        self, context: Sequence[int], max_len: int, params: SamplingParams, rng: Uniforms
     ) -> Draft:
         if max_len <= 0:
             return Draft.empty()
@@ -43,12 +43,12 @@ class ModelDrafter:
         pending = context[len(model.kv_tokens) :]
         scores = model.decode(pending, [len(pending) - 1], readout)
         tokens: list[int] = []
-        qs: list[Dists] = []
+        qs: list[Dist] = []
         while True:
             if readout.kind == "argmax":
                 d = int(scores[0])
             else:
-                q = warp(scores, params)  # [1, k]
+                q = warp_row(scores, 0, params)
                 if self.p_min > 0 and _confidence(scores, q, params) < self.p_min:
                     break
                 d = q.top if params.greedy else sample(q, rng)
@@ -57,7 +57,7 @@ class ModelDrafter:
             if len(tokens) == max_len:
                 break
             scores = model.decode([d], [0], readout)
-        return Draft(tokens, None if params.greedy or not qs else Dists.stack(qs))
+        return Draft(tokens, None if params.greedy or not qs else qs)
 
     def commit(self, context: Sequence[int]) -> None:
         # Roll back: keep the longest prefix of the KV that is committed, never the pending last token.
@@ -70,7 +70,7 @@ class ModelDrafter:
         self._committed = i
 
 
-def _confidence(scores: Scores, q: Dists, params: SamplingParams) -> float:
+def _confidence(scores: Scores, q: Dist, params: SamplingParams) -> float:
     """Top probability of the draft: of q when sampling, of the temperature-1 softmax of the whole row when greedy
     (q is one-hot then, and the readout whole logits)."""
     if not params.greedy:

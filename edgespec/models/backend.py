@@ -186,20 +186,19 @@ def _ascending_within(rows: Sequence[int], n: int) -> bool:
 
 def _allocate(readout: Readout, n_rows: int, n_vocab: int) -> Scores:
     if readout.kind == "argmax":
-        return np.empty(n_rows, dtype=np.int64)
+        return []
     if readout.kind == "top_k":
-        # int32 ids: llama_token, copied as they are
-        return Candidates(np.empty((n_rows, readout.k), np.int32), np.empty((n_rows, readout.k), np.float32))
+        return Candidates([], [])
     return np.empty((n_rows, n_vocab), dtype=np.float32)
 
 
 def _emulate(readout: Readout, logits: np.ndarray) -> Scores:
     """What ``readout`` would have selected in llama.cpp's graph, from whole logits rows."""
     if readout.kind == "argmax":
-        return logits.argmax(axis=1)
+        return logits.argmax(axis=1).tolist()
     if readout.kind == "top_k":
         ids = np.argpartition(logits, -readout.k, axis=1)[:, -readout.k :]
-        return Candidates(ids.astype(np.int32), np.take_along_axis(logits, ids, axis=1))
+        return Candidates(ids.tolist(), np.take_along_axis(logits, ids, axis=1).tolist())
     return logits
 
 
@@ -290,10 +289,13 @@ class Model:
         )
         self.n_vocab = self.vocab.n_vocab
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
-        # Every token goes to sequence 0: set once, so a decode writes only tokens, positions and output flags.
+        # Every token goes to sequence 0: set once, so a decode writes only tokens, positions and output flags
+        # (through pointers read once: each read of a ctypes struct field builds a new object).
         for j in range(self.n_batch):
             self._batch.n_seq_id[j] = 1
             self._batch.seq_id[j][0] = 0
+        self._batch_token, self._batch_pos, self._batch_flags = self._batch.token, self._batch.pos, self._batch.logits
+        self._eog: dict[int, bool] = {}  # is_eog's answers, asked for every token generated
         self._readout = LOGITS  # what llama.cpp's graph hands back now (no sampler chain installed)
         self._piece_buf = ctypes.create_string_buffer(256)
         self._piece_cache: dict[int, bytes] = {}
@@ -343,7 +345,10 @@ class Model:
         return buf.value.decode("utf-8", errors="replace")
 
     def is_eog(self, token: int) -> bool:
-        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+        eog = self._eog.get(token)
+        if eog is None:
+            eog = self._eog[token] = bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+        return eog
 
     def token_text(self, token: int) -> str:
         raw = llama_cpp.llama_vocab_get_text(self._vocab, token)
@@ -398,16 +403,18 @@ class Model:
                 f"{self.name}: {start + len(tokens)} tokens do not fit the context of {self.n_ctx}"
             )
         n_rows = len(rows)
-        if n_rows and not _ascending_within(rows, len(tokens)):
-            raise ValueError(
-                f"rows {list(rows)} must be at most {MAX_ROWS} ascending indices into the {len(tokens)} tokens decoded"
-            )
         if n_rows:
-            self._use(readout)  # may find that llama.cpp refuses it: then read whole rows and select here
-        if n_rows and readout in self._refused:
-            return _emulate(readout, self.decode(tokens, rows, LOGITS))
+            if not _ascending_within(rows, len(tokens)):
+                raise ValueError(
+                    f"rows {list(rows)} must be at most {MAX_ROWS} ascending indices into the {len(tokens)} tokens "
+                    "decoded"
+                )
+            if readout is not self._readout:  # a request's readout is one object: compared once per request
+                self._use(readout)  # may find that llama.cpp refuses it: then read whole rows and select here
+            if self._refused and readout in self._refused:
+                return _emulate(readout, self.decode(tokens, rows, LOGITS))
         out = _allocate(readout, n_rows, self.n_vocab)
-        batch, token, pos, flags = self._batch, self._batch.token, self._batch.pos, self._batch.logits
+        batch, token, pos, flags = self._batch, self._batch_token, self._batch_pos, self._batch_flags
         clock = time.perf_counter
         busy = 0.0  # inside llama_decode and reading its rows (filling the batch is Python's time)
         done = 0  # rows filled so far
@@ -450,6 +457,7 @@ class Model:
     def _use(self, readout: Readout) -> None:
         """Install the backend sampler chain that produces ``readout`` (none for whole logits rows)."""
         if readout == self._readout:
+            self._readout = readout  # the same readout: decodes of this request compare by identity
             return
         chain = None
         if readout.kind != "logits":
@@ -479,23 +487,25 @@ class Model:
         self._readout = readout
 
     def _read(self, readout: Readout, positions: list[int], out: Scores, first: int) -> None:
-        """Copy the rows just decoded at batch ``positions`` into ``out[first:]``."""
+        """Copy the rows just decoded at batch ``positions`` into ``out`` (from row ``first`` on)."""
         ctx = self._ctx
         if readout.kind == "argmax":
-            for r, j in enumerate(positions, first):
-                out[r] = llama_cpp.llama_get_sampled_token_ith(ctx, j)
-                if out[r] < 0:  # LLAMA_TOKEN_NULL: no sampler ran on this row
+            assert isinstance(out, list)
+            for j in positions:
+                token = llama_cpp.llama_get_sampled_token_ith(ctx, j)
+                if token < 0:  # LLAMA_TOKEN_NULL: no sampler ran on this row
                     raise ModelError(f"{self.name}: llama.cpp returned no sampled token for row {j}")
+                out.append(token)
         elif readout.kind == "top_k":
             assert isinstance(out, Candidates)
             k = readout.k
-            ids_at, logits_at = out.ids.ctypes.data, out.logits.ctypes.data
-            for r, j in enumerate(positions, first):
+            for j in positions:
                 n = llama_cpp.llama_get_sampled_logits_count_ith(ctx, j)
                 if n != k:
                     raise ModelError(f"{self.name}: llama.cpp returned {n} candidates for a top-{k} row")
-                ctypes.memmove(logits_at + 4 * r * k, llama_cpp.llama_get_sampled_logits_ith(ctx, j), 4 * k)
-                ctypes.memmove(ids_at + 4 * r * k, llama_cpp.llama_get_sampled_candidates_ith(ctx, j), 4 * k)
+                # Slicing a ctypes pointer builds the list in C: no numpy on the hot path (see sampling.py).
+                out.logits.append(llama_cpp.llama_get_sampled_logits_ith(ctx, j)[:k])
+                out.ids.append(llama_cpp.llama_get_sampled_candidates_ith(ctx, j)[:k])
         else:
             # The requested rows sit contiguously in batch order: one copy, not one per row.
             assert isinstance(out, np.ndarray)
