@@ -6,14 +6,15 @@ CLI, TUI, bench and any server consume these; none of them reaches into the engi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 FinishReason = Literal["stop", "eos", "length", "cancelled"]
 
 
-@dataclass(frozen=True)
+@dataclass
 class Stats:
-    """Counters and timings of one request (a snapshot; the engine makes a new one per event).
+    """Counters and timings of one request (a snapshot; the engine makes a new one per event and never changes it;
+    not frozen because a frozen dataclass costs the loop ~10 µs more per round to build).
 
     Times are seconds of wall clock. ``t_draft`` is time inside the drafter (draft model decodes and its
     sampling), ``t_verify`` the target's batched decodes, ``t_sample`` warping and acceptance on the target side,
@@ -106,9 +107,8 @@ class Stats:
         }
 
 
-@dataclass(frozen=True)
-class Span:
-    """A piece of output text and where its token came from."""
+class Span(NamedTuple):
+    """A piece of output text and where its token came from (a tuple: one is built per token)."""
 
     text: str
     from_draft: bool  # True: an accepted draft token; False: sampled from the target (correction/bonus/plain)

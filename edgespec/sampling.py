@@ -240,19 +240,29 @@ def warp_row(scores: Scores, row: int, params: SamplingParams) -> Dist:
 def _warp_one(ids: list[int], xs: list[float], params: SamplingParams) -> Dist:
     """top-p → min-p → temperature on one candidate row of at most :data:`PY_ROW_MAX`, in plain Python: the hot path
     of plain decoding, of each draft step and of each verified row. The same rules and the same float64 arithmetic
-    as :func:`_warp_rows` (the same sequential sums), with only the min-p survivors sorted."""
+    as :func:`_warp_rows` (the same sequential sums), with only the min-p survivors sorted. Plain loops rather than
+    comprehensions: right after a decode each extra code object costs cache misses."""
     exp = math.exp
     top = max(xs)
-    x = [v - top for v in xs]  # relative to the mode: <= 0
-    w = [exp(v) for v in x]  # temperature-1 weights relative to the mode
+    x: list[float] = []  # relative to the mode: <= 0
+    w: list[float] = []  # temperature-1 weights relative to the mode
     z = 0.0  # their total, in candidate order (top-p's mass is measured against every candidate)
-    for v in w:
+    for v in xs:
+        v -= top
+        x.append(v)
+        v = exp(v)
+        w.append(v)
         z += v
     if not z == z:  # NaN: a NaN logit, or +inf ones (inf - inf); -inf is a masked token and weighs 0
         _damaged(math.inf if top == math.inf else math.nan)
-    # min-p keeps p_i >= min_p * p_max, i.e. x_i - x_max >= ln(min_p): a prefix of the sorted order.
-    floor = math.log(params.min_p) if params.min_p > 0 else -math.inf
-    kept = [j for j, v in enumerate(x) if v >= floor]
+    # min-p keeps p_i >= min_p * p_max, i.e. w_i >= min_p: a prefix of the sorted order.
+    min_p = params.min_p
+    kept: list[int] = []
+    j = 0
+    for v in w:
+        if v >= min_p:
+            kept.append(j)
+        j += 1
     kept.sort(key=x.__getitem__, reverse=True)  # stable: ties keep their candidate order
     if params.top_p < 1:  # the smallest prefix with mass >= top_p: token j stays while the mass before it is less
         limit, mass, n = params.top_p * z, 0.0, 0
@@ -263,11 +273,15 @@ def _warp_one(ids: list[int], xs: list[float], params: SamplingParams) -> Dist:
             n += 1
         del kept[n:]
     t = params.temperature
-    weights = [w[j] for j in kept] if t == 1 else [exp(x[j] / t) for j in kept]
+    kept_ids: list[int] = []
+    weights: list[float] = []
     total = 0.0
-    for v in weights:
+    for j in kept:
+        v = w[j] if t == 1 else exp(x[j] / t)
+        kept_ids.append(ids[j])
+        weights.append(v)
         total += v
-    return Dist([ids[j] for j in kept], [v / total for v in weights])
+    return Dist(kept_ids, [v / total for v in weights])
 
 
 def _warp_rows(ids: np.ndarray, logits: np.ndarray, params: SamplingParams, log_z: np.ndarray | None) -> list[Dist]:
@@ -290,7 +304,7 @@ def _warp_rows(ids: np.ndarray, logits: np.ndarray, params: SamplingParams, log_
     ids, x, rel = ids[each_row, order].astype(np.int64, copy=False), x[each_row, order], rel[each_row, order]
     keep = np.ones(x.shape, dtype=bool)
     if params.min_p > 0:
-        keep &= x >= math.log(params.min_p)
+        keep &= rel >= params.min_p
     if params.top_p < 1:
         # token j stays while the mass before it is below top_p (the mode always stays)
         keep[:, 1:] &= rel.cumsum(axis=1)[:, :-1] < params.top_p * z
@@ -309,7 +323,8 @@ def _warp_full_row(logits: np.ndarray, params: SamplingParams) -> Dist:
         _damaged(x_max)
     # top-p's mass is measured over every candidate, so its normaliser comes before the min-p filter.
     log_z = x_max + math.log(float(np.exp(x - x_max).sum()))
-    ids = np.flatnonzero(x >= x_max + math.log(params.min_p)) if params.min_p > 0 else np.arange(x.shape[0])
+    # min-p's survivors and a margin (the exact test, on the weights, is _warp_rows's)
+    ids = np.flatnonzero(x >= x_max + math.log(params.min_p) - 1e-6) if params.min_p > 0 else np.arange(x.shape[0])
     return _warp_rows(ids[None, :], x[ids][None, :], params, log_z=np.array([[log_z]]))[0]
 
 
