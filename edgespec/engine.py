@@ -195,9 +195,12 @@ class Engine:
                 k, token = self._accept(draft, scores, params, rng)
                 new = [*draft.tokens[:k], token]
                 from_draft = [True] * k + [False]
-                eog = next((i for i, t in enumerate(new) if is_eog(t)), None)
-                if eog is not None:  # nothing after an end-of-generation token is output
-                    del new[eog + 1 :], from_draft[eog + 1 :]
+                eog = None
+                for i, t in enumerate(new):
+                    if is_eog(t):  # nothing after an end-of-generation token is output
+                        eog = i
+                        del new[i + 1 :], from_draft[i + 1 :]
+                        break
                 t3 = clock()
                 # 4. Roll back both models to the committed prefix.
                 ctx.extend(new)
@@ -270,15 +273,17 @@ class Engine:
         """
         spans: list[Span] = []
         emitted: list[int] = []
-        for i, (tok, origin) in enumerate(zip(new, from_draft, strict=True)):
+        i = 0
+        for tok in new:
             if i == eog:
                 return spans, emitted, "eos", self.target.token_text(tok)
             emitted.append(tok)
             piece = text.feed(tok)
             if piece:
-                spans.append(Span(piece, origin))
+                spans.append(Span(piece, from_draft[i]))
             if text.stopped_by is not None:
                 return spans, emitted, "stop", text.stopped_by
+            i += 1
         return spans, emitted, None, None
 
     @staticmethod
@@ -404,7 +409,7 @@ class _Tally:
 
 def _chunk(spans: list[Span], emitted: list[int], from_draft: list[bool], stats: Stats) -> Chunk:
     return Chunk(
-        text="".join(s.text for s in spans),
+        text=spans[0].text if len(spans) == 1 else "".join([s.text for s in spans]),
         tokens=tuple(emitted),
         from_draft=tuple(from_draft[: len(emitted)]),
         spans=tuple(spans),

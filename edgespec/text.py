@@ -7,7 +7,7 @@ the start of a stop string until the next token settles it).
 
 from __future__ import annotations
 
-import codecs
+from codecs import utf_8_decode
 from collections.abc import Callable, Sequence
 
 
@@ -15,17 +15,23 @@ class TextStream:
     def __init__(self, piece: Callable[[int], bytes], stop: Sequence[str] = ()) -> None:
         self._piece = piece
         self._stop = tuple(stop)
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._pending = b""  # the first bytes of a character the next token completes
         self._held = ""  # decoded text not yet released: it may begin a stop string
         self.parts: list[str] = []  # everything released so far
         self.stopped_by: str | None = None
 
     def feed(self, token: int) -> str:
         """Add one token; return the text that is now safe to show (possibly ""). Sets ``stopped_by`` on a stop."""
-        text = self._held + self._decoder.decode(self._piece(token))
+        data = self._pending + self._piece(token)
+        # The codec's C function, not an incremental decoder object (a Python wrapper): this runs for every token.
+        decoded, used = utf_8_decode(data, "replace", False)
+        self._pending = data[used:]
+        text = self._held + decoded
         if not self._stop:
             self._held = ""
-            return self._release(text)
+            if text:
+                self.parts.append(text)
+            return text
         cut, hit = _earliest_stop(text, self._stop)
         if hit is not None:
             self._held = ""
@@ -37,8 +43,8 @@ class TextStream:
 
     def flush(self) -> str:
         """End of output: release what was held (it did not turn into a stop string) and any partial bytes."""
-        text = self._held + self._decoder.decode(b"", final=True)
-        self._held = ""
+        text = self._held + utf_8_decode(self._pending, "replace", True)[0]
+        self._pending, self._held = b"", ""
         return self._release(text)
 
     @property
