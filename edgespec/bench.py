@@ -677,6 +677,8 @@ class LoopCost:
     best_ms_per_token: float  # the fastest repetition's
     outside_ms_per_token: float  # pooled: decode time outside llama.cpp's forward passes, per committed token
     outside_ms_per_round: float  # the same per verify round
+    replayed_ms_per_token: float = 0.0  # the same runs with each decode's output played back: the loop, caches warm
+    replayed_ms_per_round: float = 0.0
 
 
 def loop_costs(
@@ -694,13 +696,22 @@ def loop_costs(
     """Plain decoding (and the draft model at a fixed γ, lookup off) at each temperature, the runs alternating
     within each repetition so that a slower spell of the machine hits all of them alike.
 
-    Sampling uses the CLI's defaults (top-k 40, top-p 0.95, min-p 0.05) at temperatures above 0."""
+    Then each run once more, recorded, and replayed ``repeats`` times with every decode's output played back at once
+    (:mod:`edgespec.replay`): the same tokens with no forward pass between the rounds, so what is left outside is
+    the loop with warm caches. Sampling uses the CLI's defaults (top-k 40, top-p 0.95, min-p 0.05) at temperatures
+    above 0."""
     from edgespec.engine import Engine
+    from edgespec.replay import Recorder, Replay, ReplayDiverged
     from edgespec.sampling import SamplingParams
 
-    engines = {"plain": Engine(target, None, draft_len=0, lookup=False)}
+    gammas = {"plain": 0}
     if draft is not None:
-        engines[f"draft-{draft_gamma}"] = Engine(target, draft, draft_len=draft_gamma, lookup=False)
+        gammas[f"draft-{draft_gamma}"] = draft_gamma
+
+    def engine(name: str, t: Any, d: Any) -> Engine:
+        return Engine(t, d if gammas[name] else None, draft_len=gammas[name], lookup=False)
+
+    engines = {name: engine(name, target, draft) for name in gammas}
     runs = [(name, t) for name in engines for t in temperatures]
     totals: dict[tuple[str, float], list[dict[str, Any]]] = {run: [] for run in runs}
     for rep in range(repeats):
@@ -718,10 +729,31 @@ def loop_costs(
             )
             if on_run is not None:
                 on_run()
+    replayed: dict[tuple[str, float], list[float]] = {}  # outside seconds, tokens, rounds
+    for name, t in runs:
+        params = SamplingParams(temperature=t, max_tokens=max_tokens, seed=seed)
+        recorded = []
+        for prompt in prompts:
+            rec_t, rec_d = Recorder(target), Recorder(draft) if draft is not None else None
+            tokens = measure_engine(engine(name, rec_t, rec_d), prompt, params)["tokens"]
+            recorded.append((prompt, rec_t, rec_d, tokens))
+        sums = [0.0, 0.0, 0.0]
+        for _ in range(repeats):
+            for prompt, rec_t, rec_d, tokens in recorded:
+                r = measure_engine(engine(name, Replay(rec_t), Replay(rec_d) if rec_d else None), prompt, params)
+                if r["tokens"] != tokens:
+                    raise ReplayDiverged(f"{name} T={t:g}: the replay generated other tokens than the recorded run")
+                sums[0] += r["t_outside"]
+                sums[1] += r["generated"]
+                sums[2] += r["rounds"]
+        replayed[(name, t)] = sums
+        if on_run is not None:
+            on_run()
     out = []
     for (name, t), reps in totals.items():
         tokens, rounds = sum(r["tokens"] for r in reps), sum(r["rounds"] for r in reps)
         seconds, outside = sum(r["seconds"] for r in reps), sum(r["outside"] for r in reps)
+        r_outside, r_tokens, r_rounds = replayed[(name, t)]
         out.append(
             LoopCost(
                 run=f"{name} T={t:g}",
@@ -731,6 +763,8 @@ def loop_costs(
                 best_ms_per_token=min(1e3 * r["seconds"] / r["tokens"] for r in reps if r["tokens"]),
                 outside_ms_per_token=1e3 * outside / tokens if tokens else 0.0,
                 outside_ms_per_round=1e3 * outside / rounds if rounds else 0.0,
+                replayed_ms_per_token=1e3 * r_outside / r_tokens if r_tokens else 0.0,
+                replayed_ms_per_round=1e3 * r_outside / r_rounds if r_rounds else 0.0,
             )
         )
     return out
@@ -738,7 +772,17 @@ def loop_costs(
 
 def render_loop_costs(rows: Sequence[LoopCost], header: str) -> str:
     table = format_table(
-        ["run", "sampling", "tok/s", "ms/tok", "best ms/tok", "outside ms/tok", "outside ms/round"],
+        [
+            "run",
+            "sampling",
+            "tok/s",
+            "ms/tok",
+            "best ms/tok",
+            "outside ms/tok",
+            "outside ms/round",
+            "replayed ms/tok",
+            "replayed ms/round",
+        ],
         [
             [
                 r.run,
@@ -748,6 +792,8 @@ def render_loop_costs(rows: Sequence[LoopCost], header: str) -> str:
                 f"{r.best_ms_per_token:.2f}",
                 f"{r.outside_ms_per_token:.3f}",
                 f"{r.outside_ms_per_round:.3f}",
+                f"{r.replayed_ms_per_token:.3f}",
+                f"{r.replayed_ms_per_round:.3f}",
             ]
             for r in rows
         ],
@@ -755,5 +801,8 @@ def render_loop_costs(rows: Sequence[LoopCost], header: str) -> str:
     return (
         f"{header}\n{table}\n"
         "outside: decode time spent outside llama.cpp's forward passes (the Python loop: drafting logic, warps, "
-        "acceptance, bookkeeping); best: the fastest repetition"
+        "acceptance, bookkeeping); best: the fastest repetition\n"
+        "replayed: the loop alone, the same runs played back from recorded decode outputs (same seed, same tokens, no "
+        "forward pass between rounds): on a CPU the gap to 'outside' is the cost of refilling the caches a decode "
+        "evicts, which a GPU decode leaves alone"
     )

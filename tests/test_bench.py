@@ -266,3 +266,19 @@ def test_costs_table_through_the_cli(tiny_model_path) -> None:
     table = json.loads(result.stdout)
     (costs,) = table.values()
     assert sorted(int(k) for k in costs) == sorted(COST_WIDTHS) and all(v > 0 for v in costs.values())
+
+
+@pytest.mark.real
+def test_loop_cost_through_the_cli(tiny_model_path) -> None:
+    """--loop-cost on a real model: plain and a draft at γ=4, greedy and at the temperature, each measured and
+    replayed (the replay must reproduce each run's tokens, or the command fails)."""
+    path = str(tiny_model_path)
+    args = ["--loop-cost", "--json", "-m", path, "-d", path, "--n-ctx", "1024", "--tasks", "code-edit",
+            "--max-tokens", "8", "--repeats", "1", "--temperature", "0.8"]
+    result = CliRunner().invoke(main, ["bench", *args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert [r["run"] for r in rows] == ["plain T=0", "plain T=0.8", "draft-4 T=0", "draft-4 T=0.8"]
+    assert [r["sampling_path"] for r in rows[:2]] == ["argmax in llama.cpp", "top-40 in llama.cpp, rest in Python"]
+    for r in rows:
+        assert r["tokens_per_second"] > 0 and r["outside_ms_per_token"] > 0 and r["replayed_ms_per_token"] > 0

@@ -86,7 +86,8 @@ def _split(value: str | None) -> list[str]:
     is_flag=True,
     help="Only measure what edgespec's own loop costs beside llama.cpp: plain decoding (and the draft model at "
     "γ=4, lookup off) greedy and at --temperature, runs alternating in one process, over the first prompt of each "
-    "task class; prints ms per token and per round spent outside llama.cpp's forward passes.",
+    "task class; prints ms per token and per round spent outside llama.cpp's forward passes, and the same runs "
+    "replayed from recorded decode outputs (the loop alone, with the caches a CPU decode evicts still warm).",
 )
 @click.option(
     "--repeats", type=click.IntRange(min=1), default=3, show_default=True, help="Repetitions for --loop-cost."
@@ -167,7 +168,7 @@ def _loop_cost(target: Any, draft: Any, suite: Any, params: Any, repeats: int, a
 
     prompts = [render_prompt(target, task.prompts[0].messages) for task in suite]
     temperatures = [0.0] if params.temperature == 0 else [0.0, params.temperature]
-    runs = repeats * len(temperatures) * (2 if draft is not None else 1)
+    runs = (repeats + 1) * len(temperatures) * (2 if draft is not None else 1)  # + the recorded runs
     with tqdm(total=runs, desc="loop cost", unit="run", file=sys.stderr, disable=None, leave=False) as bar:
         rows = loop_costs(
             target,

@@ -1,0 +1,45 @@
+"""Replaying recorded decodes: the same run, token for token, with no forward pass (what bench --loop-cost's
+'replayed' columns measure)."""
+
+from __future__ import annotations
+
+import pytest
+from fakes import FakeModel
+
+from edgespec.bench import loop_costs, measure_engine
+from edgespec.engine import Engine
+from edgespec.replay import Recorder, Replay, ReplayDiverged
+from edgespec.sampling import SamplingParams
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_replay_generates_the_recorded_tokens_with_no_model_time(temperature: float) -> None:
+    target, draft = Recorder(FakeModel(seed=0)), Recorder(FakeModel(seed=3, noise=1.0))
+    params = SamplingParams(temperature=temperature, top_k=5, max_tokens=24, seed=7)
+    recorded = measure_engine(Engine(target, draft, draft_len=3, lookup=False), [1, 2, 3], params)
+    assert target.outputs and draft.outputs  # every scoring decode of both models was kept
+
+    replay_target, replay_draft = Replay(target), Replay(draft)
+    replayed = measure_engine(Engine(replay_target, replay_draft, draft_len=3, lookup=False), [1, 2, 3], params)
+    assert replayed["tokens"] == recorded["tokens"] and replayed["rounds"] == recorded["rounds"]
+    assert replay_target.kv_tokens == [1, 2, 3, *recorded["tokens"]][: len(replay_target.kv_tokens)]
+    assert next(replay_target._outputs, None) is None  # every recorded decode was played back, in order
+
+
+def test_a_replay_that_asks_for_other_decodes_says_so() -> None:
+    target = Recorder(FakeModel())
+    measure_engine(Engine(target, None, draft_len=0, lookup=False), [1, 2], SamplingParams(max_tokens=8, seed=1))
+    with pytest.raises(ReplayDiverged):  # a longer run than the recording
+        measure_engine(Engine(Replay(target), None, draft_len=0, lookup=False), [1, 2], SamplingParams(max_tokens=12))
+
+
+def test_loop_costs_reports_the_replayed_loop_beside_the_measured_one() -> None:
+    target, draft = FakeModel(seed=0), FakeModel(seed=3, noise=1.0)
+    runs: list[None] = []
+    rows = loop_costs(target, draft, [[1, 2], [3, 4, 5]], [0.0, 0.8], max_tokens=10, repeats=2,
+                      on_run=lambda: runs.append(None))
+    assert [r.run for r in rows] == ["plain T=0", "plain T=0.8", "draft-4 T=0", "draft-4 T=0.8"]
+    assert len(runs) == 2 * 4 + 4  # the repetitions, then a recorded run of each with its replays
+    for r in rows:
+        assert r.outside_ms_per_token > 0 and r.replayed_ms_per_token > 0
+        assert r.replayed_ms_per_round >= r.replayed_ms_per_token  # a round commits one token or more
