@@ -15,14 +15,14 @@ raw logits (:class:`Candidates`, ``Readout.top_k``), and greedy decoding only ea
 rest of the warp (top-p, min-p, temperature) and every random draw stay here, on every path, over k numbers a row:
 one definition of the distribution, one seeded random generator. A request without top-k (``top_k = 0``) has no
 in-graph reduction to use and reads whole rows (``LOGITS``); the stats say which path ran (:attr:`Readout.path`).
-
-Why plain Python lists. A CPU decode streams the weights through every cache, so the Python that runs right after
-it pays for each distinct thing it touches: a numpy call measured 5-10 µs there, a top-40 warp and draw in numpy
-~200 µs, the same rules in a Python loop over 40 floats ~60 µs. A row of the sparse kind (:class:`Dist`) is two
-short lists; rows wider than :data:`PY_ROW_MAX` (a large top-k, whole rows) are cut in numpy and handed over as lists
-of their survivors.
 llama.cpp's in-graph top-p and min-p are not used: they mask with -inf in float32 rather than shrinking the set, and
 their boundaries differ from the chain's (``>`` where llama.cpp's CPU chain and this warp keep ``>=``).
+
+Why plain Python lists. A CPU decode streams the weights through every cache, so the Python that runs right after
+it pays for each distinct thing it touches: a numpy call measured 5-25 µs there, a top-40 warp and draw through
+numpy arrays ~200 µs, the same rules in Python loops over 40 floats ~70 µs (~10 µs with warm caches). A sparse
+row (:class:`Dist`) is two short lists; rows wider than :data:`PY_ROW_MAX` (a large top-k, whole rows) are cut in
+numpy and handed over as lists of their survivors.
 """
 
 from __future__ import annotations
