@@ -68,7 +68,7 @@ class Engine:
             self.drafters["lookup"] = self._lookup
         self.max_gamma = min(max_gamma, self.gamma_limit)
         self._auto: Controller | None = None  # kept across set_draft_len switches, so its estimates survive
-        self._calibrated_for: Readout | None = None  # the controller has costs measured with this readout
+        self._calibrated_for: str | None = None  # the controller has costs measured with readouts of this kind
         self._cost_cache = cost_cache
         self._busy = threading.Lock()
         self._cancel = threading.Event()
@@ -161,7 +161,7 @@ class Engine:
             for drafter in drafters.values():
                 drafter.reset(ctx)
             controller.start_request()  # every drafter is in step with the prompt: nothing to catch up
-            if controller is self._auto and readout != self._calibrated_for:
+            if controller is self._auto and readout.kind != self._calibrated_for:
                 self._calibrate(ctx, controller, max_gamma, readout)
             tally.t_prefill = clock() - t_start
             draft_model, is_eog = self.draft_model, target.is_eog
@@ -300,14 +300,16 @@ class Engine:
         the curve before it can choose γ well, and learning it from live rounds costs those rounds. The costs come
         from the cost cache when this setup was measured before, else from :meth:`_measure_costs`.
         """
-        key = f"{setup_key(self.target, self.draft_model)} max_gamma={max_gamma} widths=all,2 readout={readout}"
+        # By the readout's kind: what a decode costs barely depends on k, and a key per k would measure again (~4 s)
+        # for every top-k a client sends.
+        key = f"{setup_key(self.target, self.draft_model)} max_gamma={max_gamma} widths=all,2 readout={readout.kind}"
         costs = self._cost_cache.get(key) if self._cost_cache is not None else None
         if costs is None:
             costs = self._measure_costs(ctx, max_gamma, readout)
             if self._cost_cache is not None and max_gamma + 1 in costs.verify:  # only a complete measurement
                 self._cost_cache.put(key, costs)
         controller.record_costs(costs.verify, costs.draft, costs.catchup)
-        self._calibrated_for = readout
+        self._calibrated_for = readout.kind
 
     def _measure_costs(self, ctx: list[int], max_gamma: int, readout: Readout) -> Costs:
         """Two decodes of every verify width at the current context position (so attention length is realistic),

@@ -212,6 +212,20 @@ def test_measured_costs_are_cached_for_the_next_engine(tmp_path) -> None:
     assert run(Engine(FakeModel(eos_bias=-9), FakeModel(seed=1), cost_cache=cache))[1].stats.generated == 40
 
 
+def test_costs_are_measured_once_per_kind_of_readout_not_per_top_k() -> None:
+    # A server's clients send many top-k values; measuring the decode costs again (~4 s for a 1.5B on a CPU) for each
+    # would stall requests for nothing: a decode's cost barely depends on k.
+    target = FakeModel(eos_bias=-9)
+    engine = Engine(target, FakeModel(seed=1), draft_len="auto")
+    widest = []
+    for top_k in (4, 5, 6, 0):  # three top-k readouts, then whole rows
+        target.decode_calls.clear()
+        run(engine, params=SamplingParams(temperature=0.8, top_k=top_k, max_tokens=10, seed=1))
+        widest.append(max(n for n, _ in target.decode_calls))
+    assert widest[0] == 17 and max(widest[1:3]) < 17  # measured for the first top-k only
+    assert widest[3] == 17  # whole rows are another kind of readout: measured again
+
+
 def test_auto_drafts_long_by_lookup_once_the_output_repeats_and_stays_exact() -> None:
     # The fake's greedy output falls into a 4-token loop after ~16 tokens. Lookup's proposals (checked against
     # every committed token, drafted or not) then keep coming true, and auto drafts many tokens per verify.
