@@ -38,9 +38,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Protocol
-
-import numpy as np
 
 from edgespec.drafters.lookup_forecast import LookupForecast
 
@@ -184,17 +183,17 @@ class VerifyCost:
         """``[_, c_v(1), .., c_v(max_b)]`` (index 0 unused), or None before any measurement."""
         if self._curve is not None and len(self._curve) > max_b:
             return self._curve
-        seen = sorted((b, est.value) for b, est in self._by_b.items() if est.value is not None)
-        if not seen:
+        known = {b: est.value for b, est in self._by_b.items() if est.value is not None}
+        if not known:
             return None
-        slope = self._slope(seen)
-        known = dict(seen)
         curve = [0.0]
-        for b in range(1, max_b + 1):
-            if b in known:
-                curve.append(known[b])
-            else:
-                curve.append(self._fill(b, seen, slope) * (1.0 - self.optimism))
+        if all(b in known for b in range(1, max_b + 1)):  # calibrated: every width measured (each round lands here)
+            curve.extend(known[b] for b in range(1, max_b + 1))
+        else:
+            seen = sorted(known.items())
+            slope = self._slope(seen)
+            for b in range(1, max_b + 1):
+                curve.append(known[b] if b in known else self._fill(b, seen, slope) * (1.0 - self.optimism))
         self._curve = curve
         return curve
 
@@ -439,11 +438,11 @@ class Controller:
         if drafter == LOOKUP:  # checked every round, so it never sits out and has nothing to catch up
             assert self._lookup is not None
             # E[tokens] = the target's own token + each drafted token's chance to be reached and accepted.
-            expected = 1.0 + np.concatenate(([0.0], np.cumsum(self._lookup.survival(gammas[-1]))))
+            expected = [1.0, *(1.0 + s for s in accumulate(self._lookup.survival(gammas[-1])))]
         else:
             st = self._state[drafter]
             a = st.acceptance.alpha if alpha is None else alpha
-            expected = np.array([expected_tokens(a, g) for g in range(gammas[-1] + 1)])
+            expected = [expected_tokens(a, g) for g in range(gammas[-1] + 1)]
             if st.gap > 2:
                 # Back after sitting out: the catch-up beyond the allowance (see the module doc) is charged to
                 # this round, so a drafter dear to bring back is not switched to on a marginal estimate.

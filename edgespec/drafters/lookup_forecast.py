@@ -23,10 +23,10 @@ decode steps for one token).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import numpy as np
+from itertools import accumulate
 
 
 def run_bucket(run: int) -> int:
@@ -73,11 +73,14 @@ class LookupForecast:
         self._offer: list[int] = []
         self._pending: list[_Pending] = []
         n_buckets = run_bucket(max_run) + 1
-        self._trials = np.zeros((n_buckets, max_len))  # [bucket, k-1]: proposals tested at position k
-        self._hits = np.zeros((n_buckets, max_len))  # of those, right at position k
-        k = np.arange(1, max_len + 1)
-        low_end = np.array([0] + [1 << (b - 1) for b in range(1, n_buckets)])  # the shortest run of each bucket
-        self._prior = (low_end[:, None] + k) / (low_end[:, None] + k + prior_failures)
+        # Counts in plain lists (this runs every round, right after a decode, where each numpy call is dear) and
+        # kept divided by _scale, the fade of everything committed so far: fading is one multiplication, not one
+        # per count.
+        self._trials = [[0.0] * max_len for _ in range(n_buckets)]  # [bucket][k-1]: proposals tested at position k
+        self._hits = [[0.0] * max_len for _ in range(n_buckets)]  # of those, right at position k
+        self._scale = 1.0
+        low_ends = [0] + [1 << (b - 1) for b in range(1, n_buckets)]  # the shortest run of each bucket
+        self._prior = [[(low + k) / (low + k + prior_failures) for k in range(1, max_len + 1)] for low in low_ends]
 
     # ----- per round ---------------------------------------------------------------------------------------
     def offer(self, tokens: Sequence[int]) -> None:
@@ -87,10 +90,10 @@ class LookupForecast:
         if self._offer:
             self._pending.append(_Pending(self._bucket, self._offer))
 
-    def survival(self, length: int) -> np.ndarray:
+    def survival(self, length: int) -> list[float]:
         """``S[k-1]``: estimated chance that the current proposal's first k tokens are all accepted, k ≤ length."""
         length = min(length, len(self._offer))
-        return np.cumprod(self.hazard(self._bucket)[:length])
+        return list(accumulate(self.hazard(self._bucket)[:length], operator.mul))
 
     def commit(self, tokens: Sequence[int]) -> None:
         """The tokens the round committed, in order: they extend or end the run and settle pending proposals."""
@@ -106,9 +109,12 @@ class LookupForecast:
         else:
             self.run += predicted  # every compared token was right (the proposal may have run out)
         self._offer = []
-        fade = self.decay ** len(committed)
-        self._trials *= fade
-        self._hits *= fade
+        self._scale *= self.decay ** len(committed)
+        if self._scale < 1e-100:  # fold the fade into the counts before 1 / scale overflows
+            for rows in (self._trials, self._hits):
+                for row in rows:
+                    row[:] = [c * self._scale for c in row]
+            self._scale = 1.0
         still: list[_Pending] = []
         for p in self._pending:
             for tok in committed:
@@ -130,13 +136,20 @@ class LookupForecast:
         self.run = 0
 
     # ----- estimates ---------------------------------------------------------------------------------------
-    def hazard(self, bucket: int) -> np.ndarray:
+    def hazard(self, bucket: int) -> list[float]:
         """``h[k-1]`` = P(token k of a proposal made in run bucket ``bucket`` is right | tokens before k were)."""
-        w = self.prior_weight
-        return (self._hits[bucket] + w * self._prior[bucket]) / (self._trials[bucket] + w)
+        w, scale = self.prior_weight, self._scale
+        return [
+            (hits * scale + w * prior) / (trials * scale + w)
+            for hits, trials, prior in zip(self._hits[bucket], self._trials[bucket], self._prior[bucket], strict=True)
+        ]
 
     def _record(self, bucket: int, matched: int, length: int) -> None:
         """A proposal of ``length`` tokens had its first ``matched`` right (then one wrong, if ``matched <
         length``): positions 1..matched were hits, position matched+1 a miss, later ones untested."""
-        self._trials[bucket, : min(matched + 1, length)] += 1.0
-        self._hits[bucket, :matched] += 1.0
+        one = 1.0 / self._scale  # a count of 1 now, in the stored (unfaded) units
+        trials, hits = self._trials[bucket], self._hits[bucket]
+        for k in range(min(matched + 1, length)):
+            trials[k] += one
+        for k in range(matched):
+            hits[k] += one
