@@ -802,7 +802,8 @@ def render_loop_costs(rows: Sequence[LoopCost], header: str) -> str:
         f"{header}\n{table}\n"
         "outside: decode time spent outside llama.cpp's forward passes (the Python loop: drafting logic, warps, "
         "acceptance, bookkeeping); best: the fastest repetition\n"
-        "replayed: the loop alone, the same runs played back from recorded decode outputs (same seed, same tokens, no "
-        "forward pass between rounds): on a CPU the gap to 'outside' is the cost of refilling the caches a decode "
-        "evicts, which a GPU decode leaves alone"
+        "replayed: each run recorded once (the first seed) and played back --repeats times from its decode outputs: "
+        "the same tokens and all of edgespec's Python (the batch filled, the rows copied out) with no forward pass "
+        "between rounds, so the CPU's caches stay warm; on a CPU most of the gap to 'outside' is refilling the "
+        "caches each decode evicts"
     )

@@ -357,7 +357,7 @@ class Engine:
 
 class _Tally:
     """A request's running counts and times, kept mutable so a round costs additions, not a dataclass copy; each
-    event carries a frozen :class:`Stats` snapshot of them."""
+    event carries a :class:`Stats` snapshot of them."""
 
     def __init__(self, prompt_tokens: int, max_gamma: int, sampling_path: str) -> None:
         self.prompt_tokens = prompt_tokens

@@ -1,4 +1,4 @@
-"""What the engine yields: frozen event dataclasses and a running stats snapshot.
+"""What the engine yields: frozen event dataclasses, spans of text, and a stats snapshot per event.
 
 CLI, TUI, bench and any server consume these; none of them reaches into the engine.
 """

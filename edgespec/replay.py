@@ -2,13 +2,16 @@
 
 On a CPU a decode streams the weights through every cache, so the Python that runs next pays for refilling them
 (measured: a top-40 warp costs ~55 µs right after a decode, ~10 µs warm); a GPU decode leaves the CPU's caches
-alone. Playing a run's decode outputs back instantly, with the same seed, repeats the run token for token with only
-the loop left: the loop's own cost with warm caches. ``edgespec bench --loop-cost`` reports both.
+alone (a GPU run was not measured here). Playing a run's decode outputs back instantly, with the same seed, repeats
+the run token for token with all of edgespec's Python left (the model adapter's batch filling and row copies
+included) and only llama.cpp's calls gone: the loop's own cost with warm caches. ``edgespec bench --loop-cost``
+reports both.
 """
 
 from __future__ import annotations
 
 import time
+from array import array
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,7 +19,7 @@ import numpy as np
 
 from edgespec.errors import EdgespecError
 from edgespec.models.backend import Model
-from edgespec.sampling import LOGITS, Readout, Scores
+from edgespec.sampling import LOGITS, Candidates, Readout, Scores
 
 
 class ReplayDiverged(EdgespecError):
@@ -24,25 +27,38 @@ class ReplayDiverged(EdgespecError):
 
 
 class Recorder:
-    """A :class:`Model` that keeps what each scoring decode returned (everything else is the model's own)."""
+    """A :class:`Model` that keeps what each scoring decode returned and how far each truncation went (everything
+    else is the model's own)."""
+
+    sync = Model.sync  # the prefix reuse, through this decode and truncate
 
     def __init__(self, model: Model) -> None:
         self._model = model
-        self.outputs: list[tuple[int, int, Scores]] = []  # (tokens, rows, what came back) per decode with rows
+        self.outputs: list[tuple[int, int, Any]] = []  # (tokens, rows, what came back) per decode with rows
+        self.kept: list[int] = []  # the KV's length after each truncate (a recurrent memory may keep nothing)
 
     def decode(self, tokens: Sequence[int], rows: Sequence[int] = (), readout: Readout = LOGITS) -> Scores:
         out = self._model.decode(tokens, rows, readout)
         if len(rows):
-            self.outputs.append((len(tokens), len(rows), out))
+            # Top-k rows as llama.cpp's buffers hold them, for a replay to copy out again as Model.decode does.
+            kept = [(array("f", x), array("i", ids)) for x, ids in zip(out.logits, out.ids, strict=True)] if (
+                isinstance(out, Candidates)
+            ) else out
+            self.outputs.append((len(tokens), len(rows), kept))
         return out
+
+    def truncate(self, n_keep: int) -> None:
+        self._model.truncate(n_keep)
+        self.kept.append(len(self._model.kv_tokens))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
 
 
 class Replay:
-    """Stands in for a recorded :class:`Model`: each scoring decode returns the next recorded output at once, and the
-    time that takes counts as the model's (``busy_seconds``), so what a run measures outside is the loop alone.
+    """Stands in for a recorded :class:`Model`: each scoring decode runs the model's own Python (checks, filling the
+    batch, copying the rows out) but returns the next recorded output instead of calling llama.cpp, and the time
+    between is counted as the model's (``busy_seconds``), so what a run measures outside is the loop alone.
     Decodes without rows (a prefill) only move the positions. Text, vocabulary and limits are the model's."""
 
     sync = Model.sync  # the real prefix reuse, on this decode and truncate
@@ -50,25 +66,37 @@ class Replay:
     def __init__(self, recorder: Recorder) -> None:
         self._model = recorder._model
         self._outputs = iter(recorder.outputs)
+        self._kept = iter(recorder.kept)
         self._empty = np.empty((0, recorder._model.n_vocab), dtype=np.float32)
         self.kv_tokens: list[int] = []
         self.busy_seconds = 0.0
 
     def decode(self, tokens: Sequence[int], rows: Sequence[int] = (), readout: Readout = LOGITS) -> Scores:
+        model, start = self._model, len(self.kv_tokens)
+        model._check(start, tokens, rows, readout)
+        for lo in range(0, len(tokens), model.n_batch):  # the batch llama.cpp would have been given
+            model._fill(tokens, lo, start, rows, 0)
         t0 = time.perf_counter()
-        self.kv_tokens.extend(tokens)
         if not len(rows):
-            out: Scores = self._empty
+            out: Any = self._empty
         else:
             recorded = next(self._outputs, None)
             if recorded is None or recorded[:2] != (len(tokens), len(rows)):
                 raise ReplayDiverged("the replayed run asked for other decodes than the recorded one made")
             out = recorded[2]
         self.busy_seconds += time.perf_counter() - t0
+        if isinstance(out, list) and out and isinstance(out[0], tuple):  # copied out, as Model.decode does
+            out = Candidates([ids.tolist() for _, ids in out], [x.tolist() for x, _ in out])
+        elif isinstance(out, list):
+            out = list(out)
+        self.kv_tokens.extend(tokens)
         return out
 
     def truncate(self, n_keep: int) -> None:
-        del self.kv_tokens[n_keep:]
+        kept = next(self._kept, None)  # a memory that cannot drop part of a sequence (recurrent) kept nothing
+        if kept is None or kept not in (min(n_keep, len(self.kv_tokens)), 0):
+            raise ReplayDiverged("the replayed run truncated the KV where the recorded one did not")
+        del self.kv_tokens[kept:]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)

@@ -239,9 +239,11 @@ def warp_row(scores: Scores, row: int, params: SamplingParams) -> Dist:
 
 def _warp_one(ids: list[int], xs: list[float], params: SamplingParams) -> Dist:
     """top-p → min-p → temperature on one candidate row of at most :data:`PY_ROW_MAX`, in plain Python: the hot path
-    of plain decoding, of each draft step and of each verified row. The same rules and the same float64 arithmetic
-    as :func:`_warp_rows` (the same sequential sums), with only the min-p survivors sorted. Plain loops rather than
-    comprehensions: right after a decode each extra code object costs cache misses."""
+    of plain decoding, of each draft step and of each verified row. The same rules in the same order as
+    :func:`_warp_rows`, with the same sequential sums (``math.exp`` and ``np.exp`` may differ in the last bit; a given
+    row width always takes the same path, so plain decoding, q and p share one definition), and only the min-p
+    survivors sorted. Plain loops rather than comprehensions: right after a decode each extra code object costs
+    cache misses."""
     exp = math.exp
     top = max(xs)
     x: list[float] = []  # relative to the mode: <= 0

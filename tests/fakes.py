@@ -29,6 +29,7 @@ class FakeModel:
     ) -> None:
         self.n_vocab = n_vocab
         self.n_ctx = n_ctx
+        self.n_batch = n_ctx  # every decode in one batch
         self.seed = seed
         self.noise = noise
         self.sharp = sharp
@@ -78,6 +79,12 @@ class FakeModel:
 
     def readout_path(self, readout: Readout) -> str:
         return readout.path
+
+    def _check(self, start: int, tokens: Sequence[int], rows: Sequence[int], readout: Readout) -> None:
+        """The real Model's pre-decode checks (a replay runs them); the fake has no batch to fill."""
+
+    def _fill(self, tokens: Sequence[int], lo: int, start: int, rows: Sequence[int], done: int) -> list[int]:
+        return []
 
     def truncate(self, n_keep: int) -> None:
         del self.kv_tokens[n_keep:]

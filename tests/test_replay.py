@@ -43,3 +43,20 @@ def test_loop_costs_reports_the_replayed_loop_beside_the_measured_one() -> None:
     for r in rows:
         assert r.outside_ms_per_token > 0 and r.replayed_ms_per_token > 0
         assert r.replayed_ms_per_round >= r.replayed_ms_per_token  # a round commits one token or more
+
+
+class _RecurrentFake(FakeModel):
+    """A memory that cannot drop part of a sequence: any rollback clears it (as Model.truncate does then)."""
+
+    def truncate(self, n_keep: int) -> None:
+        if n_keep < len(self.kv_tokens):
+            del self.kv_tokens[:]
+
+
+def test_a_replay_follows_a_draft_memory_that_clears_on_rollback() -> None:
+    target, draft = Recorder(FakeModel(seed=0)), Recorder(_RecurrentFake(seed=3, noise=2.0))
+    params = SamplingParams(temperature=0.8, top_k=5, max_tokens=30, seed=2)
+    recorded = measure_engine(Engine(target, draft, draft_len=3, lookup=False), [1, 2, 3], params)
+    assert 0 in draft.kept[1:]  # a rejection cleared the draft's memory (the next draft decoded everything)
+    replayed = measure_engine(Engine(Replay(target), Replay(draft), draft_len=3, lookup=False), [1, 2, 3], params)
+    assert replayed["tokens"] == recorded["tokens"]

@@ -398,47 +398,29 @@ class Model:
         into batches of ``n_batch``.
         """
         start = len(self.kv_tokens)
-        if start + len(tokens) > self.n_ctx:
-            raise ContextOverflowError(
-                f"{self.name}: {start + len(tokens)} tokens do not fit the context of {self.n_ctx}"
-            )
         n_rows = len(rows)
-        if n_rows:
-            if not _ascending_within(rows, len(tokens)):
-                raise ValueError(
-                    f"rows {list(rows)} must be at most {MAX_ROWS} ascending indices into the {len(tokens)} tokens "
-                    "decoded"
-                )
-            if readout is not self._readout:  # a request's readout is one object: compared once per request
-                self._use(readout)  # may find that llama.cpp refuses it: then read whole rows and select here
-            if self._refused and readout in self._refused:
-                return _emulate(readout, self.decode(tokens, rows, LOGITS))
+        self._check(start, tokens, rows, readout)
+        if n_rows and self._refused and readout in self._refused:
+            return _emulate(readout, self.decode(tokens, rows, LOGITS))
         out = _allocate(readout, n_rows, self.n_vocab)
-        batch, token, pos, flags = self._batch, self._batch_token, self._batch_pos, self._batch_flags
         clock = time.perf_counter
-        busy = 0.0  # inside llama_decode and reading its rows (filling the batch is Python's time)
+        busy = 0.0  # inside llama_decode and llama.cpp's readout calls (filling the batch is Python's time)
         done = 0  # rows filled so far
         try:
             for lo in range(0, len(tokens), self.n_batch):
-                chunk = tokens[lo : lo + self.n_batch]
-                batch.n_tokens = len(chunk)
-                wanted = []  # positions in this chunk that are scored
-                for j, tok in enumerate(chunk):
-                    token[j] = tok
-                    pos[j] = start + lo + j
-                    flags[j] = False
-                while done + len(wanted) < n_rows and rows[done + len(wanted)] < lo + len(chunk):
-                    j = rows[done + len(wanted)] - lo
-                    flags[j] = True
-                    wanted.append(j)
+                wanted = self._fill(tokens, lo, start, rows, done)
                 t0 = clock()
-                rc = llama_cpp.llama_decode(self._ctx, batch)
+                rc = llama_cpp.llama_decode(self._ctx, self._batch)
                 if rc != 0:
                     raise ModelError(f"{self.name}: llama_decode failed with code {rc}")
-                if wanted:
-                    self._read(readout, wanted, out, done)
-                    done += len(wanted)
+                rows_at = self._read(readout, wanted, out, done) if wanted else None
                 busy += clock() - t0
+                if rows_at:  # top-k rows: their lists are built on Python's time, before the next decode
+                    k = readout.k
+                    for logits_at, ids_at in rows_at:
+                        out.logits.append(logits_at[:k])
+                        out.ids.append(ids_at[:k])
+                done += len(wanted)
         except BaseException:
             # Whatever stopped this call (a failed decode, a bad row, Ctrl+C), leave the KV as it was before it, so
             # that kv_tokens stays true and the next request starts clean.
@@ -447,6 +429,40 @@ class Model:
         self.kv_tokens.extend(tokens)
         self.busy_seconds += busy
         return out
+
+    def _check(self, start: int, tokens: Sequence[int], rows: Sequence[int], readout: Readout) -> None:
+        """Refuse a decode that cannot run (context, rows) and install the sampler chain ``readout`` needs."""
+        if start + len(tokens) > self.n_ctx:
+            raise ContextOverflowError(
+                f"{self.name}: {start + len(tokens)} tokens do not fit the context of {self.n_ctx}"
+            )
+        if len(rows):
+            if not _ascending_within(rows, len(tokens)):
+                raise ValueError(
+                    f"rows {list(rows)} must be at most {MAX_ROWS} ascending indices into the {len(tokens)} tokens "
+                    "decoded"
+                )
+            # A request's readout is one object: compared once per request. A refused one is emulated (decode).
+            if readout is not self._readout and not (self._refused and readout in self._refused):
+                self._use(readout)  # may find that llama.cpp refuses it: then read whole rows and select here
+
+    def _fill(self, tokens: Sequence[int], lo: int, start: int, rows: Sequence[int], done: int) -> list[int]:
+        """Write the batch of ``tokens[lo:lo + n_batch]`` (at positions from ``start + lo``), flagging the rows from
+        ``rows[done]`` on that fall in it; returns their positions in the batch."""
+        token, pos, flags = self._batch_token, self._batch_pos, self._batch_flags
+        chunk = tokens[lo : lo + self.n_batch]
+        self._batch.n_tokens = len(chunk)
+        for j, tok in enumerate(chunk):
+            token[j] = tok
+            pos[j] = start + lo + j
+            flags[j] = False
+        wanted: list[int] = []
+        n_rows = len(rows)
+        while done + len(wanted) < n_rows and rows[done + len(wanted)] < lo + len(chunk):
+            j = rows[done + len(wanted)] - lo
+            flags[j] = True
+            wanted.append(j)
+        return wanted
 
     def readout_path(self, readout: Readout) -> str:
         """Where sampling for ``readout`` runs on this model (for the stats)."""
@@ -486,8 +502,10 @@ class Model:
         self._chain = chain
         self._readout = readout
 
-    def _read(self, readout: Readout, positions: list[int], out: Scores, first: int) -> None:
-        """Copy the rows just decoded at batch ``positions`` into ``out`` (from row ``first`` on)."""
+    def _read(self, readout: Readout, positions: list[int], out: Scores, first: int) -> list | None:
+        """Read the rows just decoded at batch ``positions`` into ``out`` (from row ``first`` on). Top-k rows come
+        back as llama.cpp's pointers to their logits and ids (valid until the next decode), for :meth:`decode` to
+        copy out."""
         ctx = self._ctx
         if readout.kind == "argmax":
             assert isinstance(out, list)
@@ -497,20 +515,23 @@ class Model:
                     raise ModelError(f"{self.name}: llama.cpp returned no sampled token for row {j}")
                 out.append(token)
         elif readout.kind == "top_k":
-            assert isinstance(out, Candidates)
             k = readout.k
+            rows_at = []
             for j in positions:
                 n = llama_cpp.llama_get_sampled_logits_count_ith(ctx, j)
                 if n != k:
                     raise ModelError(f"{self.name}: llama.cpp returned {n} candidates for a top-{k} row")
-                # Slicing a ctypes pointer builds the list in C: no numpy on the hot path (see sampling.py).
-                out.logits.append(llama_cpp.llama_get_sampled_logits_ith(ctx, j)[:k])
-                out.ids.append(llama_cpp.llama_get_sampled_candidates_ith(ctx, j)[:k])
+                # Slicing these pointers builds the lists in C: no numpy on the hot path (see sampling.py).
+                rows_at.append(
+                    (llama_cpp.llama_get_sampled_logits_ith(ctx, j), llama_cpp.llama_get_sampled_candidates_ith(ctx, j))
+                )
+            return rows_at
         else:
             # The requested rows sit contiguously in batch order: one copy, not one per row.
             assert isinstance(out, np.ndarray)
             n = len(positions)
             ctypes.memmove(out[first:].ctypes.data, llama_cpp.llama_get_logits(ctx), 4 * n * self.n_vocab)
+        return None
 
     def truncate(self, n_keep: int) -> None:
         """Roll back: drop the KV at positions >= ``n_keep``."""
