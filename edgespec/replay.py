@@ -34,6 +34,7 @@ class Recorder:
 
     def __init__(self, model: Model) -> None:
         self._model = model
+        self.kv_at_start = list(model.kv_tokens)  # a replay starts from the same cache (a prefix it reuses)
         self.outputs: list[tuple[int, int, Any]] = []  # (tokens, rows, what came back) per decode with rows
         self.kept: list[int] = []  # the KV's length after each truncate (a recurrent memory may keep nothing)
 
@@ -68,7 +69,7 @@ class Replay:
         self._outputs = iter(recorder.outputs)
         self._kept = iter(recorder.kept)
         self._empty = np.empty((0, recorder._model.n_vocab), dtype=np.float32)
-        self.kv_tokens: list[int] = []
+        self.kv_tokens = list(recorder.kv_at_start)
         self.busy_seconds = 0.0
 
     def decode(self, tokens: Sequence[int], rows: Sequence[int] = (), readout: Readout = LOGITS) -> Scores:

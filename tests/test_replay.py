@@ -26,6 +26,18 @@ def test_a_replay_generates_the_recorded_tokens_with_no_model_time(temperature: 
     assert next(replay_target._outputs, None) is None  # every recorded decode was played back, in order
 
 
+def test_a_replay_starts_from_the_cache_the_recorded_run_found() -> None:
+    # A model reused across runs keeps the last prompt's KV; the next run reuses the shared prefix.
+    model = FakeModel(seed=0)
+    params = SamplingParams(temperature=0.8, top_k=5, max_tokens=10, seed=4)
+    measure_engine(Engine(model, None, draft_len=0, lookup=False), [1, 2, 3, 4], params)
+    recorder = Recorder(model)
+    recorded = measure_engine(Engine(recorder, None, draft_len=0, lookup=False), [1, 2, 3, 5], params)
+    assert recorder.kept[0] == 3  # the shared prefix was kept
+    replayed = measure_engine(Engine(Replay(recorder), None, draft_len=0, lookup=False), [1, 2, 3, 5], params)
+    assert replayed["tokens"] == recorded["tokens"]
+
+
 def test_a_replay_that_asks_for_other_decodes_says_so() -> None:
     target = Recorder(FakeModel())
     measure_engine(Engine(target, None, draft_len=0, lookup=False), [1, 2], SamplingParams(max_tokens=8, seed=1))
