@@ -181,7 +181,8 @@ LoadProgress = Callable[[float], None]
 def _ascending_within(rows: Sequence[int], n: int) -> bool:
     if len(rows) > MAX_ROWS or rows[0] < 0 or rows[-1] >= n:
         return False
-    return isinstance(rows, range) or all(a < b for a, b in zip(rows[:-1], rows[1:], strict=True))
+    # One row (every draft step) or a range (every verify) needs no pairwise check.
+    return len(rows) == 1 or isinstance(rows, range) or all(a < b for a, b in zip(rows[:-1], rows[1:], strict=True))
 
 
 def _allocate(readout: Readout, n_rows: int, n_vocab: int) -> Scores:
