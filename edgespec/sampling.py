@@ -156,14 +156,18 @@ class Dist(NamedTuple):
     """One sparse categorical distribution: token ``ids[j]`` has probability ``probs[j]``, every other token 0.
 
     :func:`warp` lists only the tokens the warp kept, by descending probability (so ``ids[0]`` is the mode); other
-    constructors (a residual, a test's dense row) need not sort, and may list tokens of probability 0.
+    constructors (a residual, a test's dense row) need not sort, and may list tokens of probability 0. Lists, except
+    a whole-vocabulary row (the ``LOGITS`` path), which stays two numpy arrays: no Python loop over the vocabulary.
     """
 
-    ids: list[int]
-    probs: list[float]
+    ids: list[int] | np.ndarray
+    probs: list[float] | np.ndarray
 
     def prob(self, token: int) -> float:
         """The probability of ``token`` (0 when it is not listed)."""
+        if isinstance(self.ids, np.ndarray):
+            hit = np.flatnonzero(self.ids == token)
+            return float(self.probs[hit[0]]) if hit.size else 0.0
         try:
             return self.probs[self.ids.index(token)]
         except ValueError:
@@ -173,11 +177,13 @@ class Dist(NamedTuple):
     def top(self) -> int:
         """The mode (the first of equals)."""
         probs = self.probs
+        if isinstance(probs, np.ndarray):
+            return int(self.ids[int(probs.argmax())])
         return self.ids[probs.index(max(probs))]
 
     @property
     def top_prob(self) -> float:
-        return max(self.probs)
+        return float(max(self.probs))
 
     @staticmethod
     def one_hot(token: int) -> Dist:
@@ -221,20 +227,22 @@ def warp_row(scores: Scores, row: int, params: SamplingParams) -> Dist:
         if 0 < params.top_k < len(x):  # a readout wider than asked: cut it to the k best here
             best = sorted(range(len(x)), key=x.__getitem__, reverse=True)[: params.top_k]
             ids, x = [ids[i] for i in best], [x[i] for i in best]
-        if len(x) <= PY_ROW_MAX:
-            return _warp_one(ids, x, params)
-        return _warp_rows(np.asarray([ids]), np.asarray([x], dtype=np.float32), params, None)[0]
+        return _warp_candidates(ids, x, params)
 
     logits = scores[row]
     if params.greedy:
         return Dist.one_hot(int(logits.argmax()))
-    n_vocab = logits.shape[0]
-    if 0 < params.top_k < n_vocab:
+    if 0 < params.top_k < logits.shape[0]:
         ids = logits.argpartition(-params.top_k)[-params.top_k :]
-        if params.top_k <= PY_ROW_MAX:
-            return _warp_one(ids.tolist(), logits[ids].tolist(), params)
-        return _warp_rows(ids[None, :], logits[ids][None, :], params, None)[0]
+        return _warp_candidates(ids.tolist(), logits[ids].tolist(), params)
     return _warp_full_row(logits, params)
+
+
+def _warp_candidates(ids: list[int], x: list[float], params: SamplingParams) -> Dist:
+    """One row of top-k candidates: in Python up to :data:`PY_ROW_MAX` wide, in numpy beyond."""
+    if len(x) <= PY_ROW_MAX:
+        return _warp_one(ids, x, params)
+    return _warp_rows(np.asarray([ids]), np.asarray([x], dtype=np.float32), params, None)[0]
 
 
 def _warp_one(ids: list[int], xs: list[float], params: SamplingParams) -> Dist:
@@ -286,11 +294,14 @@ def _warp_one(ids: list[int], xs: list[float], params: SamplingParams) -> Dist:
     return Dist(kept_ids, [v / total for v in weights])
 
 
-def _warp_rows(ids: np.ndarray, logits: np.ndarray, params: SamplingParams, log_z: np.ndarray | None) -> list[Dist]:
+def _warp_rows(
+    ids: np.ndarray, logits: np.ndarray, params: SamplingParams, log_z: np.ndarray | None, *, arrays: bool = False
+) -> list[Dist]:
     """:func:`_warp_one` in numpy, all rows at once, for rows wider than :data:`PY_ROW_MAX`.
 
     ``log_z``: per row ``[R, 1]``, the log of the temperature-1 softmax normaliser over all candidates, when
-    ``logits`` hold only some of them (else it is computed from ``logits``).
+    ``logits`` hold only some of them (else it is computed from ``logits``). ``arrays``: the rows stay numpy arrays
+    (a whole-vocabulary row), else they become lists.
     """
     x = logits.astype(np.float64)
     x_max = x.max(axis=1, keepdims=True)  # [R, 1] each row's largest logit (NaN if any is)
@@ -313,8 +324,10 @@ def _warp_rows(ids: np.ndarray, logits: np.ndarray, params: SamplingParams, log_
     # Both cuts keep a prefix of the sorted order, so the order they run in does not matter.
     probs = (rel if params.temperature == 1 else np.exp(x / params.temperature)) * keep
     probs /= probs.sum(axis=1, keepdims=True)
-    n_kept = keep.sum(axis=1)
-    return [Dist(ids[r, :n].tolist(), probs[r, :n].tolist()) for r, n in enumerate(n_kept.tolist())]
+    n_kept = keep.sum(axis=1).tolist()
+    if arrays:
+        return [Dist(ids[r, :n], probs[r, :n]) for r, n in enumerate(n_kept)]
+    return [Dist(ids[r, :n].tolist(), probs[r, :n].tolist()) for r, n in enumerate(n_kept)]
 
 
 def _warp_full_row(logits: np.ndarray, params: SamplingParams) -> Dist:
@@ -327,7 +340,7 @@ def _warp_full_row(logits: np.ndarray, params: SamplingParams) -> Dist:
     log_z = x_max + math.log(float(np.exp(x - x_max).sum()))
     # min-p's survivors and a margin (the exact test, on the weights, is _warp_rows's)
     ids = np.flatnonzero(x >= x_max + math.log(params.min_p) - 1e-6) if params.min_p > 0 else np.arange(x.shape[0])
-    return _warp_rows(ids[None, :], x[ids][None, :], params, log_z=np.array([[log_z]]))[0]
+    return _warp_rows(ids[None, :], x[ids][None, :], params, log_z=np.array([[log_z]]), arrays=True)[0]
 
 
 def _damaged(value: float) -> None:
@@ -339,7 +352,13 @@ def sample(dist: Dist, rng: Uniforms) -> int:
     """Draw one token from ``dist``: the first token whose cumulative mass exceeds u * total."""
     probs = dist.probs
     if len(probs) == 1:
-        return dist.ids[0]
+        return int(dist.ids[0])
+    if isinstance(probs, np.ndarray):  # a whole-vocabulary row
+        cumulative = probs.cumsum()
+        i = int(cumulative.searchsorted(rng.random() * cumulative[-1], side="right"))
+        if i >= len(probs) or probs[i] == 0:  # rounding at the very top end: the last token with mass
+            i = int(np.flatnonzero(probs)[-1])
+        return int(dist.ids[i])
     cumulative = list(accumulate(probs))  # sequential sums
     i = bisect_right(cumulative, rng.random() * cumulative[-1])
     if i >= len(probs) or probs[i] == 0:  # rounding at the very top end: the last token with mass

@@ -1,4 +1,4 @@
-"""Exact acceptance of drafted tokens (Leviathan et al. 2023; Chen et al. 2023). No models, no numpy.
+"""Exact acceptance of drafted tokens (Leviathan et al. 2023; Chen et al. 2023). No models.
 
 Symbols follow the papers: draft tokens ``d_1..d_γ`` with draft distributions ``q_1..q_γ``, target
 distributions ``p_1..p_{γ+1}`` (``p_i`` conditions on the committed text plus ``d_1..d_{i-1}``).
@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import NamedTuple
+
+import numpy as np
 
 from edgespec.sampling import Dist, Uniforms, sample
 
@@ -59,6 +61,8 @@ def residual(p: Dist, q: Dist) -> Dist:
     If ``p <= q`` everywhere (only possible when ``p == q`` up to rounding, in which case a rejection has
     probability ~0) the residual is empty and ``p`` itself is the right fallback.
     """
+    if isinstance(p.ids, np.ndarray) or isinstance(q.ids, np.ndarray):
+        return _residual_wide(p, q)
     q_of = dict(zip(q.ids, q.probs, strict=True))
     ids, diff = [], []
     total = 0.0
@@ -71,3 +75,18 @@ def residual(p: Dist, q: Dist) -> Dist:
     if total <= 1e-12:
         return p
     return Dist(ids, [d / total for d in diff])
+
+
+def _residual_wide(p: Dist, q: Dist) -> Dist:
+    """:func:`residual` of whole-vocabulary rows, in numpy."""
+    p_ids, q_ids = np.asarray(p.ids), np.asarray(q.ids)
+    ids = np.union1d(p_ids, q_ids)  # sorted
+    diff = np.zeros(ids.shape[0])
+    diff[ids.searchsorted(p_ids)] += np.asarray(p.probs)
+    diff[ids.searchsorted(q_ids)] -= np.asarray(q.probs)
+    np.maximum(diff, 0.0, out=diff)
+    total = float(diff.sum())
+    if total <= 1e-12:
+        return p
+    keep = diff > 0
+    return Dist(ids[keep], diff[keep] / total)
