@@ -273,8 +273,7 @@ class Engine:
         """
         spans: list[Span] = []
         emitted: list[int] = []
-        i = 0
-        for tok in new:
+        for i, tok in enumerate(new):
             if i == eog:
                 return spans, emitted, "eos", self.target.token_text(tok)
             emitted.append(tok)
@@ -283,7 +282,6 @@ class Engine:
                 spans.append(Span(piece, from_draft[i]))
             if text.stopped_by is not None:
                 return spans, emitted, "stop", text.stopped_by
-            i += 1
         return spans, emitted, None, None
 
     @staticmethod

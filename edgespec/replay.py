@@ -35,17 +35,16 @@ class Recorder:
     def __init__(self, model: Model) -> None:
         self._model = model
         self.kv_at_start = list(model.kv_tokens)  # a replay starts from the same cache (a prefix it reuses)
-        self.outputs: list[tuple[int, int, Any]] = []  # (tokens, rows, what came back) per decode with rows
+        self.outputs: list[tuple[int, int, str, Any]] = []  # (tokens, rows, readout kind, what came back)
         self.kept: list[int] = []  # the KV's length after each truncate (a recurrent memory may keep nothing)
 
     def decode(self, tokens: Sequence[int], rows: Sequence[int] = (), readout: Readout = LOGITS) -> Scores:
         out = self._model.decode(tokens, rows, readout)
         if len(rows):
-            # Top-k rows as llama.cpp's buffers hold them, for a replay to copy out again as Model.decode does.
-            kept = [(array("f", x), array("i", ids)) for x, ids in zip(out.logits, out.ids, strict=True)] if (
-                isinstance(out, Candidates)
-            ) else out
-            self.outputs.append((len(tokens), len(rows), kept))
+            kept = out
+            if isinstance(out, Candidates):  # as llama.cpp's buffers hold them, for a replay to copy out again
+                kept = [(array("f", x), array("i", ids)) for x, ids in zip(out.logits, out.ids, strict=True)]
+            self.outputs.append((len(tokens), len(rows), readout.kind, kept))
         return out
 
     def truncate(self, n_keep: int) -> None:
@@ -75,20 +74,21 @@ class Replay:
     def decode(self, tokens: Sequence[int], rows: Sequence[int] = (), readout: Readout = LOGITS) -> Scores:
         model, start = self._model, len(self.kv_tokens)
         model._check(start, tokens, rows, readout)
-        for lo in range(0, len(tokens), model.n_batch):  # the batch llama.cpp would have been given
-            model._fill(tokens, lo, start, rows, 0)
+        done = 0
+        for lo in range(0, len(tokens), model.n_batch):  # the batches llama.cpp would have been given
+            done += len(model._fill(tokens, lo, start, rows, done))
         t0 = time.perf_counter()
         if not len(rows):
             out: Any = self._empty
         else:
             recorded = next(self._outputs, None)
-            if recorded is None or recorded[:2] != (len(tokens), len(rows)):
+            if recorded is None or recorded[:3] != (len(tokens), len(rows), readout.kind):
                 raise ReplayDiverged("the replayed run asked for other decodes than the recorded one made")
-            out = recorded[2]
+            out = recorded[3]
         self.busy_seconds += time.perf_counter() - t0
-        if isinstance(out, list) and out and isinstance(out[0], tuple):  # copied out, as Model.decode does
+        if readout.kind == "top_k" and len(rows):  # copied out of llama.cpp's buffers, as Model.decode does
             out = Candidates([ids.tolist() for _, ids in out], [x.tolist() for x, _ in out])
-        elif isinstance(out, list):
+        elif readout.kind == "argmax":
             out = list(out)
         self.kv_tokens.extend(tokens)
         return out
