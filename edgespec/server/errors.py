@@ -75,7 +75,8 @@ def bad_request(message: str, *, param: str | None = None, code: str = "invalid_
 
 
 def from_edgespec_error(exc: EdgespecError) -> ApiError:
-    """edgespec's own errors are the caller's to fix: a bad value, a request that does not fit."""
+    """edgespec's own errors: a bad value or a request that does not fit is the caller's to fix (400), a failing model
+    is the server's (500), a busy engine is worth a retry (503)."""
     if isinstance(exc, ContextOverflowError):
         return ApiError(400, str(exc), param="max_tokens", code="context_length_exceeded")
     if isinstance(exc, ModelError):  # the model failed (a decode, damaged weights): not the client's input
