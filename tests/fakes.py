@@ -35,6 +35,7 @@ class FakeModel:
         self.sharp = sharp
         self.eos_bias = eos_bias
         self.kv_tokens: list[int] = []
+        self._logits: dict[tuple, np.ndarray] = {}  # logits_after's rows by key: the statistical tests ask millions
         self.busy_seconds = 0.0
         self.decode_calls: list[tuple[int, int]] = []  # (n_tokens, n_logit_rows) of each decode
         self.readouts: list[Readout] = []  # the readout of each decode
@@ -47,6 +48,9 @@ class FakeModel:
     def logits_after(self, prefix: Sequence[int]) -> np.ndarray:
         """Next-token logits given the whole prefix (depends on the last two tokens and the length's parity)."""
         key = (tuple(prefix[-2:]), len(prefix) % 2)
+        known = self._logits.get(key)
+        if known is not None:
+            return known
         rng = np.random.default_rng(abs(hash(key)) % (2**32))
         x = rng.normal(size=self.n_vocab) * self.sharp
         if self.noise:
@@ -56,7 +60,9 @@ class FakeModel:
                 * self.noise
             )
         x[EOS] += self.eos_bias
-        return x.astype(np.float32)
+        self._logits[key] = x = x.astype(np.float32)
+        x.flags.writeable = False  # shared by every call with this key
+        return x
 
     def decode(self, tokens: Sequence[int], rows: Sequence[int] = (), readout: Readout = LOGITS) -> Scores:
         """The real Model's contract: scores of ``rows`` as ``readout`` asks (top-k candidates in a shuffled order,

@@ -9,14 +9,15 @@ from functools import cache
 
 import numpy as np
 import pytest
-from stat_tools import fits
+from exact_reference import reference_warp, sparse_output_checks
+from stat_tools import Check, worst
 
 from edgespec.api import Runtime, load
 from edgespec.engine import Engine
 from edgespec.errors import ContextOverflowError, ModelError, VocabMismatchError
 from edgespec.events import Finished
 from edgespec.models.backend import Model
-from edgespec.sampling import SamplingParams, warp
+from edgespec.sampling import SamplingParams
 
 pytestmark = pytest.mark.real
 
@@ -269,56 +270,75 @@ def test_target_kv_after_rounds_with_rejections_equals_a_fresh_prefill(qwen_pair
     assert float(np.abs(fresh_logits(target, stale) - fresh).mean()) > 2 * tolerance
 
 
-class FirstTwoTokens:
-    """The joint distribution of the first two generated tokens: sampled from an engine, and computed exactly from a
-    reference model's whole logits rows (an end-of-generation token ends the output: it is counted as (eog, eog))."""
+class FirstTokens:
+    """The joint distribution of the first ``length`` generated tokens: sampled through an engine, and computed
+    exactly by enumerating every continuation from a reference model's whole logits rows (an end-of-generation token
+    ends the output: the positions after it count as that token)."""
 
-    def __init__(self, target: Model, reference: Model, prompt: list[int]) -> None:
-        self.target, self.reference, self.prompt = target, reference, prompt
+    def __init__(self, target: Model, reference: Model, prompt: list[int], length: int) -> None:
+        self.target, self.reference, self.prompt, self.length = target, reference, prompt, length
         self.eog_ids = {target.token_text(i): i for i in range(target.n_vocab) if target.is_eog(i)}
-        self.counts: dict[tuple[int, int], int] = {}
+        self.outputs: list[tuple[int, ...]] = []
         self.drafted = self.accepted = 0
+        self.full_rounds: dict[int, int] = {}  # rounds that drafted length - 1 tokens, by how many they accepted
 
     def sample(self, engine: Engine, params: SamplingParams, n: int, seed: int) -> Finished:
         rng = np.random.default_rng(seed)
+        gamma = self.length - 1
         for _ in range(n):
-            done = finish(engine.stream(self.prompt, replace(params, seed=int(rng.integers(2**31)))))
+            request = replace(params, max_tokens=self.length, seed=int(rng.integers(2**31)))
+            *chunks, done = engine.stream(self.prompt, request)
             toks = list(done.tokens)
-            if done.finish_reason == "eos":  # the end-of-generation token is not output: it gets its own cell
+            if done.finish_reason == "eos":  # the end-of-generation token is not output: it fills the rest
                 toks.append(self.eog_ids[done.stopped_by])
-            pair = (toks[0], toks[0] if self.target.is_eog(toks[0]) else toks[1])
-            self.counts[pair] = self.counts.get(pair, 0) + 1
+            self.outputs.append(tuple(toks + [toks[-1]] * (self.length - len(toks))))
+            accepted_before = 0
+            for c in chunks:
+                if c.stats.draft_len == gamma:
+                    k = c.stats.accepted - accepted_before
+                    self.full_rounds[k] = self.full_rounds.get(k, 0) + 1
+                accepted_before = c.stats.accepted
             self.drafted += done.stats.drafted
             self.accepted += done.stats.accepted
         rate = self.accepted / self.drafted
         assert 0.3 < rate < 0.995, f"acceptance {rate:.3f}: the pair must disagree sometimes, or this proves little"
+        # Drafts reached γ, and were accepted whole and rejected part-way: every position was exercised.
+        assert sum(self.full_rounds.values()) >= n // 2, self.full_rounds
+        assert self.full_rounds.get(gamma, 0) > 0 and self.full_rounds.get(0, 0) > 0, self.full_rounds
         return done
 
     @cache  # noqa: B019 - one instance per test
     def logits_after(self, prefix: tuple[int, ...]) -> np.ndarray:
-        return fresh_logits(self.reference, list(prefix))
+        return fresh_logits(self.reference, list(prefix)).copy()
 
-    def fit(self, warp_row) -> tuple[bool, str]:
-        """Do the sampled counts fit the joint that ``warp_row`` (logits row -> {token: probability}) defines?"""
-        first = warp_row(self.logits_after(tuple(self.prompt)))
-        expected = {
-            (a, b): pa * pb
-            for a, pa in first.items()
-            for b, pb in (
-                {a: 1.0} if self.target.is_eog(a) else warp_row(self.logits_after((*self.prompt, a)))
-            ).items()
-        }
-        cells = sorted(set(expected) | set(self.counts))  # a token outside the support is an impossible cell
-        observed = np.array([self.counts.get(c, 0) for c in cells])
-        return fits(observed, np.array([expected.get(c, 0.0) for c in cells]))
+    def exact(self, warp_row) -> dict[tuple[int, ...], float]:
+        """Every continuation's probability under the warp ``warp_row`` (logits row -> {token: probability})."""
+        joint: dict[tuple[int, ...], float] = {}
+
+        def walk(seq: tuple[int, ...], mass: float) -> None:
+            for t, p in warp_row(self.logits_after((*self.prompt, *seq))).items():
+                if self.target.is_eog(t) or len(seq) + 1 == self.length:
+                    full = (*seq, t) + (t,) * (self.length - len(seq) - 1)
+                    joint[full] = joint.get(full, 0.0) + mass * p
+                else:
+                    walk((*seq, t), mass * p)
+
+        walk((), 1.0)
+        return joint
+
+    def checks(self, warp_row) -> list[Check]:
+        """Each position's marginal, each consecutive pair and the first three tokens against ``warp_row``'s joint."""
+        return sparse_output_checks(self.outputs, self.exact(warp_row))
 
 
-def chain_warp(params: SamplingParams):
-    """The warp every path uses, as {token: probability} of a whole logits row."""
+def reference_row(params: SamplingParams):
+    """The chain's definition, from exact_reference (no edgespec code), as {token: probability} of a logits row."""
 
     def warp_row(row: np.ndarray) -> dict[int, float]:
-        (d,) = warp(row, params)
-        return {t: p for t, p in zip(d.ids, d.probs, strict=True) if p > 0}
+        probs = reference_warp(
+            row, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, min_p=params.min_p
+        )
+        return {int(t): float(probs[t]) for t in np.flatnonzero(probs)}
 
     return warp_row
 
@@ -339,37 +359,41 @@ def tempered_first(params: SamplingParams):
 
 
 @pytest.mark.slow
+@pytest.mark.exactness
 def test_stochastic_speculation_samples_the_targets_distribution(tiny_model_path, tiny_requantized_path) -> None:
-    """T=1 on SmolLM2 with its Q4_0 requantization as the draft: the first two tokens' joint distribution
-    must match the target's own (computed exactly from the target's logits), at ALPHA."""
+    """T=1 on SmolLM2 with its Q4_0 requantization as the draft, γ=3: requests of γ + 1 tokens, each position's
+    marginal, the consecutive pairs and the first three tokens against the target's own distribution (enumerated
+    from the target's logits with the reference warp), at ALPHA."""
     target, draft = Model(tiny_model_path, n_ctx=256), Model(tiny_requantized_path, n_ctx=256)
     reference = Model(tiny_model_path, n_ctx=256)
-    params = SamplingParams(temperature=1.0, top_k=8, top_p=1.0, min_p=0.0, max_tokens=2)
-    pairs = FirstTwoTokens(target, reference, target.tokenize(COLOUR_PROMPT))
-    pairs.sample(Engine(target, draft, draft_len=3, lookup=False), params, n=1500, seed=0)
-    ok, why = pairs.fit(chain_warp(params))
-    assert ok, why
+    params = SamplingParams(temperature=1.0, top_k=8, top_p=1.0, min_p=0.0)
+    outputs = FirstTokens(target, reference, target.tokenize(COLOUR_PROMPT), length=4)
+    outputs.sample(Engine(target, draft, draft_len=3, lookup=False), params, n=1500, seed=0)
+    checks = outputs.checks(reference_row(params))
+    assert worst(checks).ratio <= 1, checks
     for m in (target, draft, reference):
         m.close()
 
 
 @pytest.mark.slow
+@pytest.mark.exactness
 def test_backend_sampled_speculation_samples_the_targets_warped_distribution(
     tiny_model_path, tiny_requantized_path
 ) -> None:
-    """T=0.8 with top-k 40, top-p 0.95, min-p 0.05: top-k runs inside llama.cpp's decode graph (target and draft),
-    the rest in numpy. The joint of the first two tokens must match the target's own distribution under the chain's
-    definition, computed from whole logits rows; the same counts must reject a warp that orders temperature first."""
+    """T=0.8 with top-k 40, top-p 0.95, min-p 0.05, γ=3: top-k runs inside llama.cpp's decode graph (target and
+    draft), the rest in Python. Every position of γ + 1 tokens must match the target's own distribution under the
+    chain's definition, enumerated from whole logits rows; the same counts must reject a warp that orders temperature
+    first."""
     target, draft = Model(tiny_model_path, n_ctx=256), Model(tiny_requantized_path, n_ctx=256)
     reference = Model(tiny_model_path, n_ctx=256)
-    params = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, max_tokens=2)
-    pairs = FirstTwoTokens(target, reference, target.tokenize(ANIMAL_PROMPT))
-    last = pairs.sample(Engine(target, draft, draft_len=3, lookup=False), params, n=1500, seed=1)
+    params = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
+    outputs = FirstTokens(target, reference, target.tokenize(ANIMAL_PROMPT), length=4)
+    last = outputs.sample(Engine(target, draft, draft_len=3, lookup=False), params, n=1500, seed=1)
     assert last.stats.sampling_path == "top-40 in llama.cpp, rest in Python"
-    ok, why = pairs.fit(chain_warp(params))
-    assert ok, why
-    ok, why = pairs.fit(tempered_first(params))
-    assert not ok, f"the test cannot tell the warp's order apart: {why}"
+    checks = outputs.checks(reference_row(params))
+    assert worst(checks).ratio <= 1, checks
+    wrong = outputs.checks(tempered_first(params))
+    assert worst(wrong).ratio > 2, f"the test cannot tell the warp's order apart: {wrong}"
     for m in (target, draft, reference):
         m.close()
 
