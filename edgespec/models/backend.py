@@ -206,6 +206,18 @@ def auto_gpu_layers(models: Sequence[tuple[str | os.PathLike, int]]) -> list[int
     return plan_layers(sum(d.free for d in devices), offload_needs(models))
 
 
+def describe_model(llama_desc: str, n_params: int) -> str:
+    """llama.cpp's "arch size quant" with the size from the parameter count. llama.cpp's size is a label for the
+    model's layer shape ("1B" for the Qwen2.5 0.5B, "?B" for shapes it does not know), not its size."""
+    from edgespec.models.drafts import format_params
+
+    arch, _, rest = llama_desc.partition(" ")
+    _, _, quant = rest.partition(" ")
+    if n_params <= 0:
+        return llama_desc
+    return " ".join(part for part in (arch, f"{format_params(n_params)} params", quant) if part)
+
+
 def default_threads() -> int:
     # llama.cpp's default is the number of physical cores; os.cpu_count() counts logical ones, and on most
     # machines with SMT the physical count is half.
@@ -387,10 +399,15 @@ class Model:
         return raw.decode("utf-8", errors="replace") if raw else None
 
     @property
+    def n_params(self) -> int:
+        return int(llama_cpp.llama_model_n_params(self._model))
+
+    @property
     def description(self) -> str:
+        """Architecture, parameters and quantization: "qwen2 630M params Q4_K - Medium" (the Qwen2.5 0.5B)."""
         buf = ctypes.create_string_buffer(256)
         llama_cpp.llama_model_desc(self._model, buf, len(buf))
-        return buf.value.decode("utf-8", errors="replace")
+        return describe_model(buf.value.decode("utf-8", errors="replace"), self.n_params)
 
     def is_eog(self, token: int) -> bool:
         eog = self._eog.get(token)
