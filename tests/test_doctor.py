@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -91,9 +93,36 @@ def test_a_missing_llama_cpp_is_a_sentence(empty_cache: Path, monkeypatch: pytes
     monkeypatch.delitem(sys.modules, "edgespec.models.backend")  # imported afresh, without llama_cpp
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # what `import llama_cpp` sees when it is absent
     report = doctor_module.gather()
-    for section in ("build", "threads"):
-        assert "llama-cpp-python is not installed" in report[section]["error"]
-        assert "make setup" in report[section]["error"]
+    assert "llama-cpp-python is not installed" in report["build"]["error"]
+    assert "make setup" in report["build"]["error"]
+    assert "does not load here (the llama.cpp build section says why)" in report["threads"]["error"]
+
+
+@pytest.mark.parametrize(
+    ("package", "said"),
+    [
+        ("", "llama-cpp-python is not installed"),
+        (  # a CUDA build on a machine without the driver
+            "raise RuntimeError(\"Failed to load shared library 'libllama.so': libcuda.so.1: cannot open shared "
+            "object file\")",
+            "its libraries do not load (Failed to load shared library 'libllama.so': libcuda.so.1",
+        ),
+    ],
+)
+def test_the_command_line_starts_and_says_so_when_llama_cpp_does_not_load(
+    empty_cache: Path, tmp_path: Path, package: str, said: str
+) -> None:
+    broken = tmp_path / "site"
+    (broken / "llama_cpp").mkdir(parents=True)
+    (broken / "llama_cpp" / "__init__.py").write_text(package or "raise ImportError('No module named llama_cpp')")
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(broken), str(root)])}
+    proc = subprocess.run(
+        [sys.executable, "-m", "edgespec", "doctor"], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    assert said in proc.stdout and "make setup" in proc.stdout
+    assert "make setup would build" in proc.stdout  # the sections that need no llama.cpp still print
 
 
 def test_an_unknown_forced_backend_is_a_sentence(empty_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -37,19 +37,25 @@ class Problem(click.ClickException):
     """A section that cannot be gathered, in words for the user (no exception type appended)."""
 
 
+_load_problem: str | None = None  # why llama.cpp did not load, once a section found out (per report)
+
+
 def _import_backend():
+    global _load_problem
     import importlib
 
+    if _load_problem is not None:  # said once, in the first section that needed it
+        raise Problem("needs llama-cpp-python, which does not load here (the llama.cpp build section says why)")
     try:
-        backend = importlib.import_module("edgespec.models.backend")  # imports llama_cpp, which may be absent
+        return importlib.import_module("edgespec.models.backend")  # imports llama_cpp, which may be absent
     except ImportError as exc:
-        raise Problem(f"llama-cpp-python is not installed ({exc}); `make setup` builds and installs it") from None
+        _load_problem = f"llama-cpp-python is not installed ({exc}); `make setup` builds and installs it"
     except (OSError, RuntimeError) as exc:
-        raise Problem(
+        _load_problem = (
             f"llama-cpp-python is installed but its libraries do not load ({str(exc).strip().splitlines()[0]}); a GPU "
             "build needs its driver: `EDGESPEC_BACKEND=cpu make setup` installs the CPU build"
-        ) from None
-    return backend
+        )
+    raise Problem(_load_problem)
 
 
 def build_section() -> dict[str, Any]:
@@ -171,6 +177,8 @@ def costs_section(now: float | None = None) -> dict[str, Any]:
 
 
 def gather(n_ctx: int = 4096) -> dict[str, Any]:
+    global _load_problem
+    _load_problem = None
     build = _section(build_section)
     return {
         "build": build,
