@@ -120,6 +120,17 @@ def test_apple_silicon_builds_metal() -> None:
     assert "Apple silicon" in choice.line
 
 
+def test_an_intel_mac_is_said_to_get_metal_as_llama_cpp_python_builds_it_in_on_every_mac() -> None:
+    choice = choose(fake_machine(system="Darwin", arch="x86_64"))
+    assert choice.backend == "metal" and "every Mac" in choice.line
+
+
+def test_a_linux_arm_board_with_an_nvidia_gpu_builds_cuda() -> None:
+    smi = (0, "8.7, Orin (nvgpu)\n")
+    choice = choose(fake_machine(arch="aarch64", path={"nvcc": "/usr/local/cuda/bin/nvcc"}, smi=smi))
+    assert choice.cmake_args == "-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=87"
+
+
 @pytest.mark.parametrize("backend", ["cpu", "cuda", "metal", "vulkan"])
 def test_edgespec_backend_forces_a_backend(backend: str) -> None:
     # A machine that would choose CUDA by itself.
