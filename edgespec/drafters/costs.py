@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import platform
+import re
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -46,9 +47,14 @@ def time_decodes(model: Any, token: int, width: int, repeat: int, readout: Reado
     return times
 
 
+def machine_key() -> str:
+    """The part of a setup key that names this machine (every key of this machine starts with it and a space)."""
+    return f"{platform.node()} {os.cpu_count()}"
+
+
 def setup_key(*models: Any) -> str:
     """Identifies what the costs depend on: this machine, each model file (path, size, mtime) and how it runs."""
-    parts = [platform.node(), str(os.cpu_count())]
+    parts = [machine_key()]
     for m in models:
         if m is None:
             parts.append("-")
@@ -63,8 +69,26 @@ def setup_key(*models: Any) -> str:
     return " ".join(parts)
 
 
+_MODEL_IN_KEY = re.compile(r"(\S[^|]*)\|\d+\|\d+\|threads=([^|]+)\|ngl=([^|]+)\|bit_exact=(\w+)")
+
+
+def key_models(key: str) -> list[dict[str, Any]]:
+    """The model setups a key names (file name, threads, GPU layers, bit-exact), for people to read."""
+    return [
+        {"file": Path(path).name, "threads": threads, "n_gpu_layers": ngl, "bit_exact": bit_exact == "True"}
+        for path, threads, ngl, bit_exact in _MODEL_IN_KEY.findall(key)
+    ]
+
+
+@dataclass(frozen=True)
+class Entry:
+    key: str
+    costs: Costs
+    measured_at: float | None  # seconds since the epoch; None for an entry written before it was recorded
+
+
 class CostCache:
-    """A JSON file mapping setup keys to :class:`Costs`.
+    """A JSON file mapping setup keys to :class:`Costs` (and when they were measured).
 
     A file that cannot be used (unreadable, cut short, not JSON, not an object) or an entry that is not a set of
     costs (wrong shape, a negative or non-finite time) is only a cache: a warning says so once, the costs are
@@ -74,6 +98,17 @@ class CostCache:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._warned = False
+        self.problem: str | None = None  # what is wrong with the file, once a read found out
+
+    def entries(self, prefix: str = "") -> list[Entry]:
+        """The sound entries whose keys start with ``prefix`` (malformed ones are left out)."""
+        found = []
+        for key, raw in self._read().items():
+            costs = _parse_costs(raw) if key.startswith(prefix) else None
+            if costs is not None:
+                when = raw.get("measured_at")
+                found.append(Entry(key, costs, float(when) if isinstance(when, (int, float)) else None))
+        return found
 
     def get(self, key: str) -> Costs | None:
         entry = self._read().get(key)
@@ -86,7 +121,7 @@ class CostCache:
 
     def put(self, key: str, costs: Costs) -> None:
         data = {k: v for k, v in self._read().items() if _parse_costs(v) is not None}
-        data[key] = asdict(costs)
+        data[key] = {**asdict(costs), "measured_at": round(time.time(), 1)}
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             # Write a temporary file and rename it: a concurrent reader sees the old file or the new one, whole.
@@ -116,6 +151,7 @@ class CostCache:
         return data
 
     def _warn(self, problem: str) -> None:
+        self.problem = problem
         if not self._warned:  # once per cache: every round of a session reads it
             log.warning("the cost cache %s %s; measuring the costs again and rewriting it", self.path, problem)
             self._warned = True

@@ -86,9 +86,65 @@ class Device:
     name: str
     free: int  # bytes
     total: int
+    kind: str = "GPU"  # ggml's device type: "CPU", "GPU", "iGPU" or "ACCEL"
+    description: str = ""
 
 
-_GGML_DEV_GPU, _GGML_DEV_IGPU = 1, 2
+_DEVICE_KINDS = {0: "CPU", 1: "GPU", 2: "iGPU", 3: "ACCEL"}  # enum ggml_backend_dev_type
+_libggml = None
+
+
+def _ggml():
+    """llama-cpp-python's handle on libggml, with the backend registry and device calls it does not bind."""
+    global _libggml
+    if _libggml is None:
+        from llama_cpp._ggml import libggml
+
+        size_p = ctypes.POINTER(ctypes.c_size_t)
+        for name, restype, argtypes in (
+            ("ggml_backend_reg_count", ctypes.c_size_t, []),
+            ("ggml_backend_reg_get", ctypes.c_void_p, [ctypes.c_size_t]),
+            ("ggml_backend_reg_name", ctypes.c_char_p, [ctypes.c_void_p]),
+            ("ggml_backend_dev_count", ctypes.c_size_t, []),
+            ("ggml_backend_dev_get", ctypes.c_void_p, [ctypes.c_size_t]),
+            ("ggml_backend_dev_type", ctypes.c_int, [ctypes.c_void_p]),
+            ("ggml_backend_dev_name", ctypes.c_char_p, [ctypes.c_void_p]),
+            ("ggml_backend_dev_description", ctypes.c_char_p, [ctypes.c_void_p]),
+            ("ggml_backend_dev_memory", None, [ctypes.c_void_p, size_p, size_p]),
+        ):
+            fn = getattr(libggml, name)
+            fn.restype, fn.argtypes = restype, argtypes
+        _libggml = libggml
+    return _libggml
+
+
+def backend_names() -> list[str]:
+    """The ggml backends this llama.cpp build has compiled in ("CPU", "CUDA", "Metal", ...)."""
+    _init_backend()
+    ggml = _ggml()
+    return [ggml.ggml_backend_reg_name(ggml.ggml_backend_reg_get(i)).decode(errors="replace")
+            for i in range(ggml.ggml_backend_reg_count())]  # fmt: skip
+
+
+def backend_devices() -> list[Device]:
+    """Every device ggml can run on (the CPU included), with its free memory."""
+    _init_backend()
+    ggml = _ggml()
+    found = []
+    for i in range(ggml.ggml_backend_dev_count()):
+        dev = ggml.ggml_backend_dev_get(i)
+        free, total = ctypes.c_size_t(), ctypes.c_size_t()
+        ggml.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        found.append(
+            Device(
+                ggml.ggml_backend_dev_name(dev).decode(errors="replace"),
+                free.value,
+                total.value,
+                _DEVICE_KINDS.get(ggml.ggml_backend_dev_type(dev), "?"),
+                (ggml.ggml_backend_dev_description(dev) or b"").decode(errors="replace"),
+            )
+        )
+    return found
 
 
 def gpu_devices() -> list[Device]:
@@ -96,27 +152,13 @@ def gpu_devices() -> list[Device]:
     _init_backend()
     if not gpu_offload_supported():
         return []
-    from llama_cpp._ggml import libggml  # llama-cpp-python's handle on libggml, whose device API it does not bind
+    return [d for d in backend_devices() if d.kind in ("GPU", "iGPU")]
 
-    size_p = ctypes.POINTER(ctypes.c_size_t)
-    for name, restype, argtypes in (
-        ("ggml_backend_dev_count", ctypes.c_size_t, []),
-        ("ggml_backend_dev_get", ctypes.c_void_p, [ctypes.c_size_t]),
-        ("ggml_backend_dev_type", ctypes.c_int, [ctypes.c_void_p]),
-        ("ggml_backend_dev_name", ctypes.c_char_p, [ctypes.c_void_p]),
-        ("ggml_backend_dev_memory", None, [ctypes.c_void_p, size_p, size_p]),
-    ):
-        fn = getattr(libggml, name)
-        fn.restype, fn.argtypes = restype, argtypes
-    found = []
-    for i in range(libggml.ggml_backend_dev_count()):
-        dev = libggml.ggml_backend_dev_get(i)
-        if libggml.ggml_backend_dev_type(dev) not in (_GGML_DEV_GPU, _GGML_DEV_IGPU):
-            continue
-        free, total = ctypes.c_size_t(), ctypes.c_size_t()
-        libggml.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
-        found.append(Device(libggml.ggml_backend_dev_name(dev).decode(errors="replace"), free.value, total.value))
-    return found
+
+def system_info() -> str:
+    """llama.cpp's one line on what this build uses (CPU features, backends)."""
+    _init_backend()
+    return llama_cpp.llama_print_system_info().decode(errors="replace").strip()
 
 
 @dataclass(frozen=True)
@@ -147,16 +189,33 @@ def model_shape(path: str | os.PathLike) -> Shape:
     return Shape(n_layer, kv)
 
 
+def offload_needs(models: Sequence[tuple[str | os.PathLike, int]]) -> list[Need]:
+    """What each ``(path, n_ctx)`` would take on a GPU: its weights (the file size), layers and KV cache."""
+    needs = []
+    for path, n_ctx in models:
+        shape = model_shape(path)
+        needs.append(Need(Path(path).stat().st_size, shape.n_layer, shape.kv_bytes_per_token * n_ctx))
+    return needs
+
+
 def auto_gpu_layers(models: Sequence[tuple[str | os.PathLike, int]]) -> list[int]:
     """``n_gpu_layers`` for each ``(path, n_ctx)``, offloading what fits the GPUs' free memory (0 without a GPU)."""
     devices = gpu_devices()
     if not devices:
         return [0] * len(models)
-    needs = []
-    for path, n_ctx in models:
-        shape = model_shape(path)
-        needs.append(Need(Path(path).stat().st_size, shape.n_layer, shape.kv_bytes_per_token * n_ctx))
-    return plan_layers(sum(d.free for d in devices), needs)
+    return plan_layers(sum(d.free for d in devices), offload_needs(models))
+
+
+def describe_model(llama_desc: str, n_params: int) -> str:
+    """llama.cpp's "arch size quant" with the size from the parameter count. llama.cpp's size is a label for the
+    model's layer shape ("1B" for the Qwen2.5 0.5B, "?B" for shapes it does not know), not its size."""
+    from edgespec.models.drafts import format_params
+
+    arch, _, rest = llama_desc.partition(" ")
+    _, _, quant = rest.partition(" ")
+    if n_params <= 0:
+        return llama_desc
+    return " ".join(part for part in (arch, f"{format_params(n_params)} params", quant) if part)
 
 
 def default_threads() -> int:
@@ -340,10 +399,15 @@ class Model:
         return raw.decode("utf-8", errors="replace") if raw else None
 
     @property
+    def n_params(self) -> int:
+        return int(llama_cpp.llama_model_n_params(self._model))
+
+    @property
     def description(self) -> str:
+        """Architecture, parameters and quantization: "qwen2 630M params Q4_K - Medium" (the Qwen2.5 0.5B)."""
         buf = ctypes.create_string_buffer(256)
         llama_cpp.llama_model_desc(self._model, buf, len(buf))
-        return buf.value.decode("utf-8", errors="replace")
+        return describe_model(buf.value.decode("utf-8", errors="replace"), self.n_params)
 
     def is_eog(self, token: int) -> bool:
         eog = self._eog.get(token)
