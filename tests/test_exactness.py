@@ -59,7 +59,6 @@ class Setup:
     path: str
     proposer: str  # "model": sampled from q; "one_hot": q's mode, drafted deterministically (prompt lookup's case)
     target: PositionalChain
-    draft: PositionalChain
     p_rows: list[list[Dist]]  # [position][previous token]
     q_rows: list[list[Dist]]
 
@@ -76,7 +75,7 @@ def rows_as_edgespec_warps_them(chain: PositionalChain, path: str, shuffle: np.r
     """Each (position, previous token) row warped by edgespec, from the readout the path's decode returns."""
     params = PATHS[path]
     J, _, n = chain.logits.shape
-    flat = chain.logits.reshape(J * n, n).astype(np.float32)
+    flat = chain.logits.reshape(J * n, n).astype(np.float32)  # the chain's logits are float32 values already
     if path == "top_k":  # llama.cpp's in-graph top-k: the k best of each row, in no particular order
         best = np.argsort(-flat, axis=1)[:, : params.top_k]
         best = np.array([row[shuffle.permutation(len(row))] for row in best])
@@ -87,15 +86,13 @@ def rows_as_edgespec_warps_them(chain: PositionalChain, path: str, shuffle: np.r
     return [rows[j * n : (j + 1) * n] for j in range(J)]
 
 
-def make_setup(gamma: int, path: str, proposer: str, seed: int = 0) -> Setup:
-    rng = np.random.default_rng(1000 * gamma + seed)
+def make_setup(gamma: int, path: str, proposer: str) -> Setup:
+    rng = np.random.default_rng(1000 * gamma)
     positions = 2 * gamma + 2  # a draft may reach γ positions past the last output token
     target = PositionalChain.random(rng, V, positions, sharp=1.5)
     draft = target.perturbed(rng, noise=1.0)
-    return Setup(
-        gamma, path, proposer, target, draft, rows_as_edgespec_warps_them(target, path, rng),
-        rows_as_edgespec_warps_them(draft, path, rng),
-    )
+    p_rows = rows_as_edgespec_warps_them(target, path, rng)
+    return Setup(gamma, path, proposer, target, p_rows, rows_as_edgespec_warps_them(draft, path, rng))
 
 
 def speculate(setup: Setup, n: int, rng: np.random.Generator, verify: Verifier = verify_stochastic) -> np.ndarray:
