@@ -48,6 +48,14 @@ def refuse_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None:
         refuse("logprobs", "logprobs")
     if body.response_format is not None and body.response_format != {"type": "text"}:
         refuse("response_format", "response_format other than text (JSON mode, JSON schema)")
+    # Penalties and biases change the distribution sampled: a silently dropped one answers another question.
+    for name in ("frequency_penalty", "presence_penalty"):
+        if getattr(body, name) not in (None, 0):
+            refuse(name, f"{name} other than 0")
+    if body.repeat_penalty not in (None, 1):
+        refuse("repeat_penalty", "repeat_penalty other than 1")
+    if body.logit_bias:
+        refuse("logit_bias", "logit_bias")
     if isinstance(body, ChatCompletionRequest):
         if body.top_logprobs is not None:
             refuse("top_logprobs", "top_logprobs")
@@ -55,6 +63,13 @@ def refuse_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None:
             refuse("tools" if body.tools else "functions", "tool calling")
         if body.tool_choice not in (None, "none", "auto") or body.function_call not in (None, "none", "auto"):
             refuse("tool_choice" if body.tool_choice is not None else "function_call", "tool calling")
+        if body.audio is not None:
+            refuse("audio", "audio output")
+        if body.modalities is not None and body.modalities != ["text"]:
+            refuse("modalities", "modalities other than text")
+        for name in ("reasoning_effort", "verbosity", "web_search_options"):
+            if getattr(body, name) is not None:
+                refuse(name, name)
     else:
         if body.echo:
             refuse("echo", "echo")

@@ -1,9 +1,10 @@
 """The request bodies of ``/v1/chat/completions`` and ``/v1/completions``, validated strictly.
 
 Types are checked strictly (``"0.5"`` is not a number, ``1.0`` is not an integer): a client that sends the wrong
-type learns it from a 400 instead of getting a guess. Fields nobody here knows are ignored, as OpenAI's clients
-expect; fields OpenAI defines that edgespec cannot honour are declared so that :mod:`.prepare` can refuse them
-by name instead of ignoring them.
+type learns it from a 400 instead of getting a guess. Every field of OpenAI's two request bodies is declared: it is
+honoured, refused by name when it asks for what edgespec cannot do (:func:`.prepare.refuse_unsupported`), or, when
+it cannot change the output (``user``, ``metadata``, ``store``, ...), accepted and ignored. Fields no one defines
+are ignored, as OpenAI's clients expect.
 """
 
 from __future__ import annotations
@@ -48,10 +49,17 @@ class _Sampling(_Strict):
     # edgespec's own (the openai client sends them through ``extra_body``)
     draft_len: int | str | None = None
     lookup: bool | None = None
-    # defined by OpenAI, not supported: refused when asked for (see prepare.unsupported)
+    # defined by OpenAI (repeat_penalty: by llama.cpp), not supported yet: refused by name when asked for with a
+    # value that would change the output (see prepare.refuse_unsupported), accepted at their neutral values
     n: int | None = None
     logprobs: Any = None
     response_format: Any = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repeat_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    # defined by OpenAI, no effect on the output: accepted and ignored (README lists them)
+    user: str | None = None
 
 
 class ChatCompletionRequest(_Sampling):
@@ -62,6 +70,19 @@ class ChatCompletionRequest(_Sampling):
     tool_choice: Any = None
     functions: Any = None
     function_call: Any = None
+    audio: Any = None
+    modalities: list[str] | None = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+    web_search_options: Any = None
+    # no effect on the output: accepted and ignored. `prediction` (predicted outputs) is a hint for speed only.
+    metadata: Any = None
+    store: bool | None = None
+    service_tier: str | None = None
+    parallel_tool_calls: bool | None = None
+    prediction: Any = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
 
 
 class CompletionRequest(_Sampling):
