@@ -37,6 +37,7 @@ def test_placement_is_said_in_words() -> None:
     assert describe(12, 28, "CUDA0") == "GPU (CUDA0, 12 of 29 layers) + CPU"
 
 
+@pytest.mark.real
 def test_auto_follows_what_this_build_has(tiny_model_path) -> None:
     """Asked of the backend, not assumed: a CPU-only build has no device and auto plans nothing; a GPU build puts
     the 98 MB model whole on the GPU (when it has that much free)."""
@@ -56,6 +57,7 @@ def test_auto_follows_what_this_build_has(tiny_model_path) -> None:
         assert layers == plan_layers(free, [need])
 
 
+@pytest.mark.real
 def test_auto_plans_from_the_devices_free_memory(tiny_model_path, monkeypatch: pytest.MonkeyPatch) -> None:
     shape = backend.model_shape(tiny_model_path)  # read by llama.cpp without loading weights
     assert shape.n_layer == 30 and shape.kv_bytes_per_token > 0

@@ -22,6 +22,8 @@ from edgespec.sampling import SamplingParams
 from edgespec.server import ServerSettings, create_app
 from edgespec.server.worker import Job
 
+pytestmark = pytest.mark.real  # every test talks to a server of the tiny model
+
 ALIAS = "tiny"
 COUNTING = "1, 2, 3, 4, 5, 6,"  # SmolLM2 counts on and on at T=0: a request that runs until it is cancelled
 LONG = 3000  # max_tokens of such a request (about a minute on a busy 2-core machine, never reached in a test)
