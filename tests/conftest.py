@@ -82,3 +82,20 @@ def tiny_requantized_path(tiny_model_path: Path, tmp_path_factory: pytest.TempPa
 def gemma_model_path() -> Path:
     """Gemma 3 270M Q4_K_M (253 MB, 262,144-token SentencePiece vocabulary): another architecture and tokenizer."""
     return _model("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
+def auto_placement():
+    """Where -ngl auto puts models loaded together (the target first) on this build, asked of the backend:
+    ``["CPU", ...]`` on a build without a GPU, the GPU's share of each model on one with a GPU."""
+
+    def placements(paths: list[Path], n_ctx: int = 4096) -> list[str]:
+        from edgespec.models import backend
+        from edgespec.models.offload import describe
+
+        devices = backend.gpu_devices()
+        layers = backend.auto_gpu_layers([(p, n_ctx) for p in paths])
+        device = devices[0].name if devices else None
+        return [describe(n, backend.model_shape(p).n_layer, device) for p, n in zip(paths, layers, strict=True)]
+
+    return placements

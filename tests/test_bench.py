@@ -252,6 +252,7 @@ def test_lookup_ceiling_pools_over_a_class_and_is_reported() -> None:
         "(ceiling)", "1.14x", "1.14x"]
 
 
+@pytest.mark.real
 def test_costs_table_through_the_cli(tiny_model_path) -> None:
     import json
 

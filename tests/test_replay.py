@@ -24,6 +24,11 @@ def test_a_replay_generates_the_recorded_tokens_with_no_model_time(temperature: 
     assert replayed["tokens"] == recorded["tokens"] and replayed["rounds"] == recorded["rounds"]
     assert replay_target.kv_tokens == [1, 2, 3, *recorded["tokens"]][: len(replay_target.kv_tokens)]
     assert next(replay_target._outputs, None) is None  # every recorded decode was played back, in order
+    if temperature > 0:  # the seed decides the tokens: another one samples another run
+        other = SamplingParams(temperature=temperature, top_k=5, max_tokens=24, seed=8)
+        again = measure_engine(Engine(FakeModel(seed=0), FakeModel(seed=3, noise=1.0), draft_len=3, lookup=False),
+                               [1, 2, 3], other)
+        assert again["tokens"] != recorded["tokens"]
 
 
 def test_a_replay_starts_from_the_cache_the_recorded_run_found() -> None:

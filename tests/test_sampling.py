@@ -156,6 +156,9 @@ def test_seed_makes_sampling_reproducible() -> None:
     a = [sample(d, r) for r in [sp.rng()] for _ in range(50)]
     b = [sample(d, r) for r in [sp.rng()] for _ in range(50)]
     assert a == b
+    other = SamplingParams(temperature=1.0, seed=43)
+    c = [sample(d, r) for r in [other.rng()] for _ in range(50)]
+    assert c != a  # the seed decides the draws (50 draws over 50 tokens: equal by chance almost never)
 
 
 @pytest.mark.parametrize(

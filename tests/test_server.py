@@ -22,6 +22,8 @@ from edgespec.sampling import SamplingParams
 from edgespec.server import ServerSettings, create_app
 from edgespec.server.worker import Job
 
+pytestmark = pytest.mark.real  # every test talks to a server of the tiny model
+
 ALIAS = "tiny"
 COUNTING = "1, 2, 3, 4, 5, 6,"  # SmolLM2 counts on and on at T=0: a request that runs until it is cancelled
 LONG = 3000  # max_tokens of such a request (about a minute on a busy 2-core machine, never reached in a test)
@@ -280,28 +282,134 @@ def test_speculation_report_and_spec_metrics(live: LiveServer, client: openai.Op
     assert spec["active"] is False and "draft_len is 0" in spec["reason"]
 
 
-def test_four_concurrent_streaming_clients(live: LiveServer):
+# ----- sampling at T > 0: every field reaches the sampler -------------------------------------------------
+STORY = "Once upon a time"
+WIDE = {"top_k": 0, "top_p": 1.0, "min_p": 0.0}  # nothing cut: any token of the vocabulary may be drawn
+
+
+def sampled(client: openai.OpenAI, prompt: str = STORY, **fields) -> tuple[str, str]:
+    """A completion's text and finish reason; top_k and min_p (not OpenAI's) go in the body as they are."""
+    extra = {k: fields.pop(k) for k in ("top_k", "min_p", "draft_len") if k in fields}
+    fields.setdefault("max_tokens", 16)
+    reply = client.completions.create(model=ALIAS, prompt=prompt, extra_body=extra or None, **fields)
+    return reply.choices[0].text, reply.choices[0].finish_reason
+
+
+def test_a_seed_repeats_a_sampled_reply_and_another_seed_changes_it(live: LiveServer, client: openai.OpenAI):
+    before = len(live.jobs)
+    first, _ = sampled(client, temperature=1.0, seed=7)
+    again, _ = sampled(client, temperature=1.0, seed=7)
+    assert again == first
+    a, b = new_jobs(live, before, 2)
+    assert a.outcome.finished.tokens == b.outcome.finished.tokens
+    streamed = client.completions.create(
+        model=ALIAS, prompt=STORY, max_tokens=16, temperature=1.0, seed=7, stream=True
+    )
+    assert "".join(c.choices[0].text for c in streamed) == first
+    # The seed reaches the engine as it is: the Python API with seed 7 samples the same reply.
+    assert live.python_api(STORY, 16, temperature=1.0, seed=7)[0] == first
+    # ... and it is what decides the draws: at T=1 over 16 tokens, other seeds give other replies.
+    others = [sampled(client, temperature=1.0, seed=s)[0] for s in (8, 9, 10)]
+    assert any(text != first for text in others), others
+
+
+def test_top_k_top_p_and_min_p_each_narrow_a_hot_request_to_the_greedy_reply(client: openai.OpenAI):
+    greedy, _ = sampled(client, temperature=0)
+    hot = {s: sampled(client, temperature=1.5, seed=s, **WIDE)[0] for s in range(1, 5)}
+    assert len(set(hot.values())) > 1, "at T=1.5 with nothing cut, four seeds gave one reply"
+    seed = next((s for s, text in hot.items() if text != greedy), None)
+    assert seed is not None, "at T=1.5 with nothing cut, every seed gave the greedy reply"
+    # The same request, seed included, with one field that leaves only the most likely token: the greedy reply.
+    for narrow in ({"top_k": 1}, {"top_p": 1e-6}, {"min_p": 0.99}):
+        text, _ = sampled(client, temperature=1.5, seed=seed, **{**WIDE, **narrow})
+        assert text == greedy, narrow
+
+
+def test_stop_cuts_a_sampled_reply_at_the_stop_string(client: openai.OpenAI):
+    messages = chat_messages("Tell me a story about a dragon.")
+    common = {"model": ALIAS, "messages": messages, "max_tokens": 32, "temperature": 0.8, "seed": 3}
+    full = client.chat.completions.create(**common)
+    text = full.choices[0].message.content
+    assert full.choices[0].finish_reason == "length" and len(text) > 20, text  # it would have gone on
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    cut = text[: text.index(stop)]  # the same seed draws the same tokens up to the stop string
+
+    reply = client.chat.completions.create(**common, stop=[stop, "@@@@"])
+    assert reply.choices[0].finish_reason == "stop"
+    assert reply.choices[0].message.content == cut and stop not in reply.choices[0].message.content
+    assert reply.usage.completion_tokens < full.usage.completion_tokens
+    streamed = list(client.chat.completions.create(**common, stop=stop, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in streamed) == cut
+    assert streamed[-1].choices[0].finish_reason == "stop"
+
+
+def test_max_completion_tokens_limits_a_sampled_chat_reply(client: openai.OpenAI):
+    messages = chat_messages("Tell me a long story about a dragon.")
+    common = {"model": ALIAS, "messages": messages, "temperature": 0.8, "seed": 1}
+    # Given both, max_completion_tokens (OpenAI's newer name) is the one that counts.
+    both = client.chat.completions.create(**common, max_completion_tokens=5, max_tokens=40)
+    assert both.usage.completion_tokens == 5 and both.choices[0].finish_reason == "length"
+    reply = client.chat.completions.create(**common, max_completion_tokens=5)
+    assert reply.usage.completion_tokens == 5 and reply.choices[0].finish_reason == "length"
+    assert reply.choices[0].message.content == both.choices[0].message.content
+    longer = client.chat.completions.create(**common, max_completion_tokens=9)
+    assert longer.usage.completion_tokens == 9
+    assert longer.choices[0].message.content.startswith(reply.choices[0].message.content)
+
+
+def test_four_concurrent_streaming_clients(live: LiveServer, monkeypatch: pytest.MonkeyPatch):
+    """Four clients at once are all taken in (the worker runs them one at a time today, so three wait in the queue)
+    and each gets the reply it would have got alone."""
     prompts = ["The sky is", "def square(x):", "Paris is the capital of", "Water boils at"]
     expected = [live.python_api(p, 24, temperature=0)[0] for p in prompts]
-    results: dict[int, str] = {}
-    errors: list[BaseException] = []
+    # When the server queued each request and when each left it (monotonic seconds), from the server's side.
+    queued: list[float] = []
+    left: list[float] = []
+    real_submit = live.worker.submit
 
-    def run(i: int) -> None:
-        try:
-            stream = live.client().completions.create(
-                model=ALIAS, prompt=prompts[i], max_tokens=24, temperature=0, stream=True
-            )
-            results[i] = "".join(c.choices[0].text for c in stream)
-        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
-            errors.append(exc)
+    def submit(request):
+        job = real_submit(request)
+        queued.append(time.monotonic())
+        return job
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(WAIT)
-    assert not errors
-    assert [results.get(i) for i in range(4)] == expected
+    monkeypatch.setattr(live.worker, "submit", submit)
+    monkeypatch.setattr(live.worker, "observers", [*live.worker.observers, lambda job: left.append(time.monotonic())])
+
+    def attempt() -> bool:
+        """One round of four clients; whether all four were in the server at once."""
+        queued.clear()
+        left.clear()
+        clients = [live.client() for _ in prompts]
+        start = threading.Barrier(len(prompts), timeout=WAIT)
+        results: dict[int, str] = {}
+        errors: list[BaseException] = []
+
+        def run(i: int) -> None:
+            try:
+                start.wait()
+                stream = clients[i].completions.create(
+                    model=ALIAS, prompt=prompts[i], max_tokens=24, temperature=0, stream=True
+                )
+                results[i] = "".join(c.choices[0].text for c in stream)
+            except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(WAIT)
+        assert not any(t.is_alive() for t in threads), "a client did not finish"
+        assert not errors
+        assert [results.get(i) for i in range(len(prompts))] == expected
+        wait_until(lambda: len(left) == len(prompts), "the four jobs to leave the server")
+        assert len(queued) == len(prompts)
+        return max(queued) < min(left)  # every request was queued before any had finished
+
+    # Starting together, the last is queued milliseconds after the first, long before 24 tokens are generated; a
+    # busy machine may still lose that race once, so up to three rounds. A server that took requests one by one
+    # (each finished before the next is read) never overlaps.
+    assert any(attempt() for _ in range(3)), "the four requests were never in the server at the same time"
 
 
 # ----- cancellation and the queue -----------------------------------------------------------------------------

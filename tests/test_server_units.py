@@ -261,6 +261,7 @@ def test_serve_reports_a_model_that_fails_to_load(tmp_path: Path):
 
 
 @pytest.mark.slow
+@pytest.mark.real
 def test_serve_command_starts_answers_and_stops(tiny_model_path: Path):
     import httpx
 

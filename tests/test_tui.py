@@ -17,6 +17,7 @@ from textual.widgets import Markdown
 from edgespec.chat.history import ChatStore
 from edgespec.errors import ModelNotFoundError
 from edgespec.events import Chunk
+from edgespec.models import backend
 from edgespec.sampling import SamplingParams
 from tui.app import ChatApp
 from tui.screens import HelpScreen, LoadingPanel
@@ -106,9 +107,12 @@ def test_reply_meter_and_highlighting(runtime, store):
             assert len(meter.per_round) == stats.rounds and sum(meter.per_round) == stats.accepted
             assert stats.decision and str(meter.query_one("#meter-why").render()) == f"why: {stats.decision}"
 
-            # The status line says where each model runs (this build has no GPU: -ngl auto is the CPU).
+            # The status line says where each model runs (-ngl auto: the CPU on a build without a GPU).
             status = str(app.query_one(StatusLine).describe())
-            assert "target SmolLM2" in status and " · CPU" in status and "draft  SmolLM2" in status
+            placement = runtime.target.placement
+            on_gpu = bool(backend.gpu_devices())
+            assert placement.startswith("GPU (") if on_gpu else placement == "CPU"
+            assert "target SmolLM2" in status and f" · {placement}" in status and "draft  SmolLM2" in status
 
             # Accepted draft tokens are highlighted; the toggle turns that into plain Markdown and back.
             assert stats.accepted > 0
