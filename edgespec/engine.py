@@ -20,6 +20,7 @@ from edgespec.drafters.model import ModelDrafter
 from edgespec.errors import ContextOverflowError, EdgespecError, InvalidParameterError
 from edgespec.events import Chunk, Event, Finished, FinishReason, Span, Stats
 from edgespec.models.backend import MAX_ROWS, Model
+from edgespec.penalties import windows
 from edgespec.sampling import Readout, SamplingParams, Scores, Uniforms, Warped, readout_for
 from edgespec.text import TextStream
 from edgespec.verify import Verdict, verify_greedy, verify_stochastic
@@ -192,7 +193,7 @@ class Engine:
                 scores = target.decode([ctx[-1], *draft.tokens], range(gamma + 1), readout)
                 t2 = clock()
                 # 3. Accept.
-                k, token = self._accept(draft, scores, params, rng)
+                k, token = self._accept(ctx, draft, scores, params, rng)
                 new = [*draft.tokens[:k], token]
                 from_draft = [True] * k + [False]
                 eog = None
@@ -285,11 +286,15 @@ class Engine:
         return spans, emitted, None, None
 
     @staticmethod
-    def _accept(draft: Draft, scores: Scores, params: SamplingParams, rng: Uniforms) -> Verdict:
+    def _accept(ctx: list[int], draft: Draft, scores: Scores, params: SamplingParams, rng: Uniforms) -> Verdict:
+        # Penalties see the text so far: row i's history is the committed text plus d_1..d_{i-1}.
+        counts = windows(ctx, draft.tokens, params.repeat_last_n) if params.penalized else None
         if params.greedy:
-            return verify_greedy(draft.tokens, scores)  # the target's argmax per position
+            if counts is None:
+                return verify_greedy(draft.tokens, scores)  # the target's argmax per position, from llama.cpp
+            return verify_greedy(draft.tokens, [p.top for p in Warped(scores, params, counts)])
         # p_1..p_{γ+1}, each warped when the verifier first reads it
-        return verify_stochastic(draft.tokens, draft.q, Warped(scores, params), rng)
+        return verify_stochastic(draft.tokens, draft.q, Warped(scores, params, counts), rng)
 
     def _calibrate(self, ctx: list[int], controller: RoundController, max_gamma: int, readout: Readout) -> None:
         """Give the controller, once per engine, what a verify of b tokens and a draft step cost on this machine.

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import random
 from bisect import bisect_right
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -37,6 +38,7 @@ from typing import Literal, NamedTuple, Protocol
 
 import numpy as np
 
+from edgespec import penalties
 from edgespec.errors import InvalidParameterError, ModelError
 
 
@@ -51,13 +53,24 @@ class SamplingParams:
     seed: int | None = None
     max_tokens: int = 256
     stop: tuple[str, ...] = field(default_factory=tuple)
+    # Penalties on what the context already holds, and a bias per token id (see edgespec.penalties).
+    repeat_penalty: float = 1.0  # llama.cpp's: 1 = off
+    repeat_last_n: int = 64  # the window the three penalties count over (llama.cpp's default)
+    presence_penalty: float = 0.0  # OpenAI's, -2..2
+    frequency_penalty: float = 0.0  # OpenAI's, -2..2
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs; a dict is accepted
 
     def __post_init__(self) -> None:
-        # Accept a list for stop but store a tuple so the object stays hashable and immutable.
+        # Accept a list for stop (a dict for logit_bias) but store tuples so the object stays hashable and immutable.
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         else:
             object.__setattr__(self, "stop", tuple(self.stop))
+        bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
+        try:
+            object.__setattr__(self, "logit_bias", tuple(sorted((int(t), float(b)) for t, b in bias)))
+        except (TypeError, ValueError):
+            raise InvalidParameterError(f"logit_bias must map token ids to numbers, got {self.logit_bias!r}") from None
         problems = []
         if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)):
             problems.append(f"temperature must be a finite number, got {self.temperature!r}")
@@ -75,12 +88,27 @@ class SamplingParams:
             problems.append(f"seed must be a non-negative integer, got {self.seed!r}")
         if any((not isinstance(s, str)) or s == "" for s in self.stop):
             problems.append("stop strings must be non-empty strings")
+        if not (isinstance(self.repeat_penalty, (int, float)) and 0 < self.repeat_penalty < math.inf):
+            problems.append(f"repeat_penalty must be a positive number (1 = off), got {self.repeat_penalty!r}")
+        if not isinstance(self.repeat_last_n, int) or self.repeat_last_n < 0:
+            problems.append(f"repeat_last_n must be an integer >= 0, got {self.repeat_last_n!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and -2 <= value <= 2):
+                problems.append(f"{name} must be a number in [-2, 2] (0 = off), got {value!r}")
+        if any(t < 0 or not math.isfinite(b) or abs(b) > 100 for t, b in self.logit_bias):
+            problems.append("logit_bias maps token ids >= 0 to biases in [-100, 100]")
         if problems:
             raise InvalidParameterError("; ".join(problems))
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether a row's distribution depends on the tokens before it (penalties) or on a logit bias."""
+        return penalties.active(self)
 
     def rng(self) -> random.Random:
         """The uniforms of one request: seeded when ``seed`` is set, so the run is reproducible.
@@ -119,6 +147,12 @@ ARGMAX = Readout("argmax")
 
 def readout_for(params: SamplingParams, n_vocab: int) -> Readout:
     """The cheapest readout that still gives :func:`warp` everything it needs for ``params``."""
+    if params.penalized:
+        # The candidates must hold every token that can make the top-k after penalties (edgespec.penalties).
+        if not penalties.only_lowers(params):
+            return LOGITS
+        k = penalties.candidates_needed(params, 1 if params.greedy else params.top_k)
+        return Readout("top_k", k) if (params.greedy or params.top_k > 0) and k < n_vocab else LOGITS
     if params.greedy:
         return ARGMAX
     if 0 < params.top_k < n_vocab:
@@ -204,24 +238,31 @@ def warp(scores: Scores, params: SamplingParams) -> list[Dist]:
 
 
 class Warped(Sequence[Dist]):
-    """:func:`warp`, row by row when a row is first asked for: a verify reads the rows up to its first rejection."""
+    """:func:`warp`, row by row when a row is first asked for: a verify reads the rows up to its first rejection.
 
-    def __init__(self, scores: Scores, params: SamplingParams) -> None:
-        self._scores, self._params = scores, params
+    ``counts``: per row, the token counts its penalties see (:func:`edgespec.penalties.windows`), when ``params``
+    has penalties or a logit bias.
+    """
+
+    def __init__(self, scores: Scores, params: SamplingParams, counts: Sequence[Counter[int]] | None = None) -> None:
+        self._scores, self._params, self._counts = scores, params, counts
 
     def __len__(self) -> int:
         return len(self._scores)
 
     def __getitem__(self, row: int) -> Dist:  # type: ignore[override]  # rows only, no slices
-        return warp_row(self._scores, row, self._params)
+        return warp_row(self._scores, row, self._params, None if self._counts is None else self._counts[row])
 
 
-def warp_row(scores: Scores, row: int, params: SamplingParams) -> Dist:
-    """Row ``row`` of ``scores`` (see :func:`warp`), warped."""
+def warp_row(scores: Scores, row: int, params: SamplingParams, counts: Counter[int] | None = None) -> Dist:
+    """Row ``row`` of ``scores`` (see :func:`warp`), warped; with ``params``'s penalties and logit bias applied
+    first, given the token ``counts`` of the row's window, when it has them."""
     if isinstance(scores, Candidates):
         ids, x = scores.ids[row], scores.logits[row]
         if isinstance(x, np.ndarray):
             ids, x = ids.tolist(), x.tolist()
+        if counts is not None:
+            x = penalties.penalize_list(ids, x, counts, params)
         if params.greedy:
             return Dist.one_hot(ids[x.index(max(x))])
         if 0 < params.top_k < len(x):  # a readout wider than asked: cut it to the k best here
@@ -230,6 +271,8 @@ def warp_row(scores: Scores, row: int, params: SamplingParams) -> Dist:
         return _warp_candidates(ids, x, params)
 
     logits = scores[row]
+    if counts is not None:
+        logits = penalties.penalize_row(logits, counts, params)
     if params.greedy:
         return Dist.one_hot(int(logits.argmax()))
     if 0 < params.top_k < logits.shape[0]:

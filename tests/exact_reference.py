@@ -122,3 +122,26 @@ def sparse_output_checks(samples: list[tuple[int, ...]], exact: dict[tuple[int, 
     if length >= 3:
         checks["(x1,x2,x3)"] = cells(0, 1, 2)
     return family(checks)
+
+
+def reference_penalize(
+    logits: np.ndarray,
+    history: list[int],
+    *,
+    repeat_penalty: float = 1.0,
+    repeat_last_n: int = 64,
+    presence_penalty: float = 0.0,
+    frequency_penalty: float = 0.0,
+    logit_bias: dict[int, float] | None = None,
+) -> np.ndarray:
+    """Logit bias, then llama.cpp's repeat penalty and OpenAI's frequency and presence penalties over the last
+    ``repeat_last_n`` tokens of ``history``, one token at a time from their definitions."""
+    x = np.array(logits, dtype=np.float64)
+    for t, b in (logit_bias or {}).items():
+        x[t] += b
+    recent = history[len(history) - repeat_last_n :] if repeat_last_n > 0 else []
+    for t in set(recent):
+        c = recent.count(t)
+        x[t] = x[t] / repeat_penalty if x[t] > 0 else x[t] * repeat_penalty
+        x[t] -= c * frequency_penalty + presence_penalty
+    return x

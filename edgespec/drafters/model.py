@@ -13,6 +13,7 @@ import numpy as np
 
 from edgespec.drafters.base import Draft
 from edgespec.models.backend import Model
+from edgespec.penalties import window
 from edgespec.sampling import LOGITS, Dist, SamplingParams, Scores, Uniforms, readout_for, sample, warp_row
 
 
@@ -48,7 +49,9 @@ class ModelDrafter:
             if readout.kind == "argmax":
                 d = int(scores[0])
             else:
-                q = warp_row(scores, 0, params)
+                # penalised with the draft's history too: the context plus the tokens drafted so far
+                counts = window(context, tokens, params.repeat_last_n) if params.penalized else None
+                q = warp_row(scores, 0, params, counts)
                 if self.p_min > 0 and _confidence(scores, q, params) < self.p_min:
                     break
                 d = q.top if params.greedy else sample(q, rng)

@@ -1,0 +1,98 @@
+"""Repetition penalties and logit bias: the part of the distribution that depends on the text so far.
+
+Definitions (llama.cpp's sampler chain, which applies them in this order before top-k):
+
+* ``logit_bias``: ``logit[t] += bias[t]``;
+* over the last ``repeat_last_n`` tokens of the context (the prompt included, as llama.cpp's samplers see it), with
+  ``c[t]`` the count of ``t`` there, every token with ``c[t] > 0`` gets
+  ``logit /= repeat_penalty`` if positive else ``logit *= repeat_penalty`` (llama.cpp's repeat penalty), then
+  ``logit -= c[t] * frequency_penalty + presence_penalty`` (OpenAI's frequency and presence penalties).
+
+Under speculation the history moves along the draft: the target's row i (and the draft's q_i) is penalised with the
+context *plus* ``d_1..d_{i-1}``, and only committed tokens ever enter the request's real history. :func:`windows`
+gives each row its counts.
+
+Which candidates to read. llama.cpp's in-graph top-k selects on the raw logits. Penalties and negative biases only
+lower logits, so the top-k after them lies within the raw top-``k + m``, where ``m`` bounds how many tokens were
+lowered (the window's distinct tokens plus the negatively biased ones): a token ranked below that has at least ``k``
+untouched tokens above it. A positive bias can lift any token, and a repeat penalty below 1 or a negative frequency or
+presence penalty raises the seen ones: those need whole rows. :func:`candidates_needed` says which.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from edgespec.sampling import SamplingParams
+
+
+def active(params: SamplingParams) -> bool:
+    return (
+        params.repeat_penalty != 1
+        or params.presence_penalty != 0
+        or params.frequency_penalty != 0
+        or bool(params.logit_bias)
+    )
+
+
+def only_lowers(params: SamplingParams) -> bool:
+    """True when no logit can rise: then the raw top-``k + m`` holds the penalised top-k."""
+    return (
+        params.repeat_penalty >= 1
+        and params.presence_penalty >= 0
+        and params.frequency_penalty >= 0
+        and all(b <= 0 for _, b in params.logit_bias)
+    )
+
+
+def candidates_needed(params: SamplingParams, top_k: int) -> int:
+    """How many raw top candidates hold the top-``top_k`` after penalties that only lower (see the module doc)."""
+    return top_k + params.repeat_last_n + sum(1 for _, b in params.logit_bias if b < 0)
+
+
+def window(context: Sequence[int], draft: Sequence[int], n: int) -> Counter[int]:
+    """The token counts a row after ``context + draft`` is penalised with: its last ``n`` tokens."""
+    if n <= 0:
+        return Counter()
+    if len(draft) >= n:
+        return Counter(draft[len(draft) - n :])
+    return Counter([*context[max(0, len(context) - (n - len(draft))) :], *draft])
+
+
+def windows(context: Sequence[int], draft: Sequence[int], n: int) -> list[Counter[int]]:
+    """The counts of each verify row: row i sees ``context + d_1..d_{i-1}`` (``len(draft) + 1`` rows)."""
+    return [window(context, draft[:i], n) for i in range(len(draft) + 1)]
+
+
+def penalize_list(ids: list[int], logits: list[float], counts: Counter[int], params: SamplingParams) -> list[float]:
+    """The candidates' logits after bias and penalties."""
+    bias = dict(params.logit_bias)
+    rp, fp, pp = params.repeat_penalty, params.frequency_penalty, params.presence_penalty
+    out = []
+    for t, x in zip(ids, logits, strict=True):
+        x += bias.get(t, 0.0)
+        c = counts.get(t, 0)
+        if c:
+            x = x / rp if x > 0 else x * rp
+            x -= c * fp + pp
+        out.append(x)
+    return out
+
+
+def penalize_row(logits: np.ndarray, counts: Counter[int], params: SamplingParams) -> np.ndarray:
+    """A whole row (``[n_vocab]``), penalised: a copy."""
+    x = logits.astype(np.float64)
+    for t, b in params.logit_bias:
+        x[t] += b
+    if counts:
+        seen = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
+        c = np.fromiter(counts.values(), dtype=np.float64, count=len(counts))
+        v = x[seen]
+        v = np.where(v > 0, v / params.repeat_penalty, v * params.repeat_penalty)
+        x[seen] = v - c * params.frequency_penalty - params.presence_penalty
+    return x
