@@ -11,13 +11,14 @@ from biased_verifiers import (
     bonus_from_the_first_row,
     one_uniform_per_round,
 )
-from exact_reference import output_checks, reference_warp
+from exact_reference import output_checks, reference_penalize, reference_warp
 from fakes import EOS, FakeModel
 from stat_tools import Check, worst
 
 from edgespec.engine import Engine
 from edgespec.errors import ContextOverflowError, EdgespecError, InvalidParameterError
 from edgespec.events import Chunk, Finished
+from edgespec.penalties import window
 from edgespec.sampling import LOGITS, Readout, SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=40)
@@ -84,13 +85,19 @@ ENGINE_PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]  # repeats, so prompt lookup proposes f
 
 def exact_output_joint(target: FakeModel, prompt: list[int], params: SamplingParams, length: int) -> np.ndarray:
     """The exact joint of the first ``length`` output tokens, by enumerating every continuation of ``prompt``
-    with the reference warp over the fake's whole logits rows (end-of-generation ends the output: the positions
-    after it are counted as EOS)."""
+    with the reference penalties and warp over the fake's whole logits rows (end-of-generation ends the output: the
+    positions after it are counted as EOS)."""
     joint = np.zeros((target.n_vocab,) * length)
     warps = dict(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, min_p=params.min_p)
+    penalties = dict(
+        repeat_penalty=params.repeat_penalty, repeat_last_n=params.repeat_last_n,
+        presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,
+        logit_bias=dict(params.logit_bias),
+    )  # fmt: skip
 
     def walk(prefix: tuple[int, ...], mass: float) -> None:
-        probs = reference_warp(target.logits_after(prompt + list(prefix)), **warps)
+        history = prompt + list(prefix)
+        probs = reference_warp(reference_penalize(target.logits_after(history), history, **penalties), **warps)
         for t in np.flatnonzero(probs):
             seq = (*prefix, int(t))
             if t == EOS or len(seq) == length:
@@ -182,6 +189,58 @@ def test_the_engine_level_checks_reject_a_biased_verifier(
     monkeypatch.setattr("edgespec.engine.verify_stochastic", biased)
     _, _, checks = engine_checks(gamma, drafter, path)
     assert worst(checks).ratio > MARGIN, f"{biased.__name__} passed: {checks}"
+
+
+# Penalties move along the draft: row i of a verify (and q_i) is penalised with the context plus d_1..d_{i-1}. A
+# window of 4 tokens slides over the drafts within one round; the widened top-k (3 + 4 of 12) is the path under test.
+PENALIZED = {
+    "repeat": SamplingParams(temperature=0.8, top_k=3, top_p=0.95, min_p=0.05, repeat_penalty=1.5, repeat_last_n=4),
+    "frequency": SamplingParams(
+        temperature=0.8, top_k=3, top_p=0.95, min_p=0.05, frequency_penalty=1.5, presence_penalty=0.5, repeat_last_n=4
+    ),
+}
+
+
+def penalized_checks(penalty: str, drafter: str) -> tuple[FakeModel, EngineSamples, list[Check]]:
+    params = PENALIZED[penalty]
+    target = FakeModel(sharp=1.0, eos_bias=-1.0)
+    if drafter == "model":
+        engine = Engine(target, FakeModel(seed=4, noise=1.0, sharp=1.0, eos_bias=-1.0), draft_len=3, lookup=False)
+    else:
+        engine = Engine(target, None, draft_len=3, lookup=True)
+    samples = EngineSamples(engine, params, ENGINE_N, 4)
+    return target, samples, output_checks(samples.outputs, exact_output_joint(target, ENGINE_PROMPT, params, 4))
+
+
+@pytest.mark.exactness
+@pytest.mark.parametrize("penalty, drafter", [("repeat", "model"), ("frequency", "lookup")])
+def test_penalized_output_has_the_targets_penalized_distribution(penalty: str, drafter: str) -> None:
+    target, samples, checks = penalized_checks(penalty, drafter)
+    assert worst(checks).ratio <= 1, checks
+    assert set(target.readouts[1:]) == {Readout("top_k", 7)}  # top-3 widened by the 4-token window
+    assert samples.drafted.get(3, 0) >= ENGINE_N // 2 and samples.accepted_at_full.get(0, 0) > 0
+
+
+@pytest.mark.exactness
+def test_the_penalty_checks_reject_rows_penalised_without_the_drafts_before_them(monkeypatch) -> None:
+    """The mistake to guard against: every row of a verify penalised with the committed text only."""
+    monkeypatch.setattr("edgespec.engine.windows", lambda ctx, draft, n: [window(ctx, [], n)] * (len(draft) + 1))
+    _, _, checks = penalized_checks("repeat", "model")
+    assert worst(checks).ratio > MARGIN, checks
+
+
+@pytest.mark.parametrize("draft_len", [0, 3, "auto"])
+def test_greedy_speculation_with_a_repeat_penalty_equals_plain_penalised_greedy(draft_len) -> None:
+    target, draft = FakeModel(eos_bias=-9, n_ctx=512), FakeModel(seed=1, noise=1.0, eos_bias=-9, n_ctx=512)
+    params = SamplingParams(temperature=0, max_tokens=60, repeat_penalty=1.3, repeat_last_n=16)
+    _, done = run(Engine(target, draft, draft_len=draft_len), params=params)
+    expected, ctx = [], list(PROMPT)
+    for _ in range(60):
+        logits = reference_penalize(target.logits_after(ctx), ctx, repeat_penalty=1.3, repeat_last_n=16)
+        ctx.append(int(np.argmax(logits)))
+        expected.append(ctx[-1])
+    assert list(done.tokens) == expected
+    assert expected != plain_greedy(PROMPT, 60, target)  # the penalty changed the output: the test has teeth
 
 
 def test_seed_reproduces_a_stochastic_run() -> None:

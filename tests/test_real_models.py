@@ -241,6 +241,27 @@ def test_bit_exact_greedy_speculation_is_token_identical_to_plain_decoding(
 
 
 @pytest.mark.slow
+def test_bit_exact_greedy_with_a_repeat_penalty_is_token_identical_to_plain_decoding(
+    qwen_bit_exact_pair, bit_exact_plain
+) -> None:
+    """A repeat penalty of 1.3 moves along each draft (row i penalised with the text plus d_1..d_{i-1}) and widens
+    the in-graph top-k the argmax is taken from: greedy speculation still equals plain decoding, token for token."""
+    target, draft = qwen_bit_exact_pair
+    params = SamplingParams(temperature=0, max_tokens=128, repeat_penalty=1.3)
+    plain_engine = Engine(target, None, draft_len=0, lookup=False)
+    spec_engine = Engine(target, draft, draft_len=4)
+    changed = 0
+    for prompt, unpenalized in zip(CODE_PROMPTS, bit_exact_plain, strict=False):
+        tokens = target.tokenize(prompt)
+        plain = finish(plain_engine.stream(tokens, params))
+        spec = finish(spec_engine.stream(tokens, params))
+        assert spec.tokens == plain.tokens, f"penalised output diverged on {prompt[:40]!r}"
+        assert spec.stats.rounds < plain.stats.rounds
+        changed += plain.tokens != unpenalized.tokens
+    assert changed, "the penalty changed no output: the test proves nothing"
+
+
+@pytest.mark.slow
 def test_target_kv_after_rounds_with_rejections_equals_a_fresh_prefill(qwen_pair) -> None:
     target, draft = qwen_pair
     engine = Engine(target, draft, draft_len=4, lookup=False)

@@ -621,3 +621,20 @@ def test_no_cors_headers_unless_asked(live: LiveServer):
     response = httpx.get(live.url + "/v1/models", headers={"Origin": "http://app.example"})
     assert response.status_code == 200
     assert "access-control-allow-origin" not in response.headers
+
+
+def test_a_frequency_penalty_breaks_a_loop_through_the_openai_client(live: LiveServer, client: openai.OpenAI):
+    """A prompt the tiny model continues by looping at T=0; frequency_penalty=1.5 (and the repeat penalty) change the
+    completion, and the Python API with the same settings agrees."""
+    prompt = "ha ha ha ha ha ha ha ha ha ha"
+
+    def complete(**fields) -> str:
+        out = client.completions.create(model=ALIAS, prompt=prompt, max_tokens=32, temperature=0, **fields)
+        return out.choices[0].text
+
+    looping = complete()
+    assert looping.split().count("ha") > 20, looping  # it loops
+    penalised = complete(frequency_penalty=1.5)
+    assert penalised.split().count("ha") < 5, penalised
+    assert penalised == live.python_api(prompt, 32, temperature=0, frequency_penalty=1.5)[0]
+    assert complete(extra_body={"repeat_penalty": 1.5, "repeat_last_n": 16}) != looping

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from edgespec.server.errors import ApiError
-from edgespec.server.prepare import refuse_unsupported
+from edgespec.server.prepare import generation_request, refuse_unsupported
 from edgespec.server.schemas import ChatCompletionRequest, CompletionRequest
 
 # The request bodies as OpenAI's API reference defines them (chat completions; legacy completions).
@@ -37,10 +39,6 @@ def chat(**fields) -> ChatCompletionRequest:
 @pytest.mark.parametrize(
     "fields, param",
     [
-        ({"frequency_penalty": 1.5}, "frequency_penalty"),
-        ({"presence_penalty": -0.5}, "presence_penalty"),
-        ({"repeat_penalty": 1.3}, "repeat_penalty"),
-        ({"logit_bias": {"42": 5.0}}, "logit_bias"),
         ({"audio": {"voice": "alloy", "format": "mp3"}}, "audio"),
         ({"modalities": ["text", "audio"]}, "modalities"),
         ({"reasoning_effort": "high"}, "reasoning_effort"),
@@ -48,23 +46,57 @@ def chat(**fields) -> ChatCompletionRequest:
         ({"web_search_options": {}}, "web_search_options"),
     ],
 )
-def test_output_changing_fields_are_refused_by_name(fields: dict, param: str) -> None:
+def test_output_changing_fields_edgespec_lacks_are_refused_by_name(fields: dict, param: str) -> None:
     with pytest.raises(ApiError) as err:
         refuse_unsupported(chat(**fields))
     assert err.value.status == 400 and err.value.param == param and param in str(err.value)
 
 
-def test_penalties_on_completions_are_refused_too() -> None:
+def loaded_server(n_vocab: int = 100) -> SimpleNamespace:
+    target = SimpleNamespace(bit_exact=False, n_ctx=4096, n_vocab=n_vocab)
+    runtime = SimpleNamespace(
+        engine=SimpleNamespace(gamma_limit=16, max_gamma=16, target=target), target=target, draft=None,
+        context_size=4096,
+    )  # fmt: skip
+    return SimpleNamespace(runtime=runtime, draft_len="auto", lookup=True, lookup_available=True)
+
+
+def test_penalties_and_logit_bias_reach_the_sampler() -> None:
+    body = chat(
+        frequency_penalty=1.5, presence_penalty=-0.5, repeat_penalty=1.3, repeat_last_n=32,
+        logit_bias={"42": 5, "7": -100},
+    )  # fmt: skip
+    refuse_unsupported(body)
+    params = generation_request(loaded_server(), body, (1, 2)).params
+    assert (params.frequency_penalty, params.presence_penalty, params.repeat_penalty, params.repeat_last_n) == (
+        1.5, -0.5, 1.3, 32,
+    )  # fmt: skip
+    assert params.logit_bias == ((7, -100.0), (42, 5.0))
+    completion = CompletionRequest.model_validate({"prompt": "x", "frequency_penalty": 2.0})
+    assert generation_request(loaded_server(), completion, (1, 2)).params.frequency_penalty == 2.0
+
+
+@pytest.mark.parametrize(
+    "fields, param",
+    [
+        ({"logit_bias": {"abc": 1}}, "logit_bias"),
+        ({"logit_bias": {"100": 1}}, "logit_bias"),  # outside the vocabulary
+        ({"frequency_penalty": 3.0}, None),  # out of OpenAI's range: the message names it
+        ({"repeat_penalty": 0.0}, None),
+    ],
+)
+def test_bad_penalties_are_a_400(fields: dict, param) -> None:
     with pytest.raises(ApiError) as err:
-        refuse_unsupported(CompletionRequest.model_validate({"prompt": "x", "frequency_penalty": 2.0}))
-    assert err.value.param == "frequency_penalty"
+        generation_request(loaded_server(), chat(**fields), (1, 2))
+    assert err.value.status == 400 and err.value.param == param
+    assert next(iter(fields)) in err.value.message
 
 
 def test_neutral_values_and_output_neutral_fields_are_accepted() -> None:
     # What many clients send by default, and the fields that cannot change the output (listed in the README).
     refuse_unsupported(
         chat(
-            frequency_penalty=0, presence_penalty=0.0, repeat_penalty=1.0, logit_bias={}, modalities=["text"],
+            modalities=["text"],
             user="u1", metadata={"k": "v"}, store=False, service_tier="auto", parallel_tool_calls=True,
             prediction={"type": "content", "content": "x"}, prompt_cache_key="c", safety_identifier="s",
         )

@@ -162,6 +162,25 @@ def _add_sampling_options(f: Callable, max_tokens: int) -> Callable:
             click.option("--min-p", default=0.05, show_default=True, help="0 = off."),
             click.option("--seed", type=int, default=None, help="Seed for a reproducible run."),
             click.option("--stop", multiple=True, help="Stop string (repeatable)."),
+            click.option(
+                "--repeat-penalty",
+                default=1.0,
+                show_default=True,
+                help="Divide a seen token's positive logit by this (multiply a negative one); 1 = off. Exact under "
+                "speculation: each drafted position is penalised with the drafts before it.",
+            ),
+            click.option(
+                "--repeat-last-n", default=64, show_default=True, help="Tokens the penalties look back over."
+            ),
+            click.option(
+                "--presence-penalty", default=0.0, show_default=True, help="Subtract from seen tokens' logits; 0 = off."
+            ),
+            click.option(
+                "--frequency-penalty",
+                default=0.0,
+                show_default=True,
+                help="Subtract this times a token's count from its logit; 0 = off.",
+            ),
         ]
     ):
         f = decorator(f)
@@ -179,6 +198,10 @@ def sampling_params(opts: dict[str, Any]):
         seed=opts["seed"],
         max_tokens=opts["max_tokens"],
         stop=tuple(opts["stop"]),
+        repeat_penalty=opts.get("repeat_penalty", 1.0),
+        repeat_last_n=opts.get("repeat_last_n", 64),
+        presence_penalty=opts.get("presence_penalty", 0.0),
+        frequency_penalty=opts.get("frequency_penalty", 0.0),
     )
 
 

@@ -48,14 +48,6 @@ def refuse_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None:
         refuse("logprobs", "logprobs")
     if body.response_format is not None and body.response_format != {"type": "text"}:
         refuse("response_format", "response_format other than text (JSON mode, JSON schema)")
-    # Penalties and biases change the distribution sampled: a silently dropped one answers another question.
-    for name in ("frequency_penalty", "presence_penalty"):
-        if getattr(body, name) not in (None, 0):
-            refuse(name, f"{name} other than 0")
-    if body.repeat_penalty not in (None, 1):
-        refuse("repeat_penalty", "repeat_penalty other than 1")
-    if body.logit_bias:
-        refuse("logit_bias", "logit_bias")
     if isinstance(body, ChatCompletionRequest):
         if body.top_logprobs is not None:
             refuse("top_logprobs", "top_logprobs")
@@ -187,9 +179,14 @@ def generation_request(
 
     fields = {
         name: getattr(body, name)
-        for name in ("temperature", "top_p", "top_k", "min_p")
+        for name in (
+            "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "repeat_last_n", "presence_penalty",
+            "frequency_penalty",
+        )
         if getattr(body, name) is not None
-    }
+    }  # fmt: skip
+    if body.logit_bias:
+        fields["logit_bias"] = _logit_bias(body.logit_bias, loaded.runtime.engine.target.n_vocab)
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     seed = body.seed if body.seed is not None and body.seed >= 0 else None
     try:
@@ -197,6 +194,18 @@ def generation_request(
     except EdgespecError as exc:
         raise bad_request(str(exc)) from exc
     return GenerationRequest(prompt, params, draft_len, lookup)
+
+
+def _logit_bias(bias: dict[str, float], n_vocab: int) -> dict[int, float]:
+    """OpenAI's logit_bias: token ids (as JSON object keys) to biases."""
+    out = {}
+    for key, value in bias.items():
+        if not key.strip().isdigit() or int(key) >= n_vocab:
+            raise bad_request(
+                f"logit_bias keys must be token ids 0..{n_vocab - 1}, got {key!r}", param="logit_bias"
+            )
+        out[int(key)] = value
+    return out
 
 
 def _fit_context(

@@ -49,15 +49,16 @@ class _Sampling(_Strict):
     # edgespec's own (the openai client sends them through ``extra_body``)
     draft_len: int | str | None = None
     lookup: bool | None = None
-    # defined by OpenAI (repeat_penalty: by llama.cpp), not supported yet: refused by name when asked for with a
-    # value that would change the output (see prepare.refuse_unsupported), accepted at their neutral values
-    n: int | None = None
-    logprobs: Any = None
-    response_format: Any = None
+    # penalties and bias: OpenAI's, and llama.cpp's repeat penalty and its window
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     repeat_penalty: float | None = None
+    repeat_last_n: int | None = None
     logit_bias: dict[str, float] | None = None
+    # defined by OpenAI, not supported: refused by name when asked for (see prepare.refuse_unsupported)
+    n: int | None = None
+    logprobs: Any = None
+    response_format: Any = None
     # defined by OpenAI, no effect on the output: accepted and ignored (README lists them)
     user: str | None = None
 
