@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ES := $(VENV)/bin/edgespec
 
-.PHONY: setup models chat test bench lint
+.PHONY: setup models browser chat test bench lint
 
 setup: $(VENV)/.installed
 
@@ -19,10 +19,18 @@ models: setup
 	$(ES) models pull qwen2.5-coder
 	$(ES) models pull smollm2-135m gemma3-270m
 
+# The chat page's tests drive headless Chromium: Debian's chromium and chromium-driver, installed when missing
+# (as root, or with sudo). Nothing is downloaded from elsewhere.
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+	  sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$sudo apt-get update -qq && \
+	  $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }
+
 chat: setup
 	$(ES) chat
 
-test: setup models
+test: setup models browser
 	$(VENV)/bin/ruff check edgespec tui tests
 	$(VENV)/bin/pytest
 
