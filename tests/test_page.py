@@ -218,7 +218,12 @@ def save_shot(driver, shots: Path, name: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def browser(live: LiveServer):
+def downloads(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("downloads")
+
+
+@pytest.fixture(scope="module")
+def browser(live: LiveServer, downloads: Path):
     missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not Path(p).exists()]
     if missing:  # a failure, not a skip: CI installs them (`make browser`)
         pytest.fail(f"missing {', '.join(missing)}: run `make browser` (apt-get install chromium chromium-driver)")
@@ -230,6 +235,8 @@ def browser(live: LiveServer):
                 "--no-first-run", "--disable-extensions"):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    options.add_experimental_option("prefs", {"download.default_directory": str(downloads),
+                                              "download.prompt_for_download": False})
     driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=CHROMEDRIVER))
     driver.set_page_load_timeout(WAIT)
     driver.set_script_timeout(WAIT)
@@ -334,19 +341,19 @@ def test_wrong_key_says_so(browser, live: LiveServer):
 def test_reply_streams_coloured_with_a_live_strip_and_a_chart(browser, live: LiveServer, shots: Path):
     live.wait_idle()
     open_page(browser, live)
-    settings(browser, temperature=0, max_tokens=96)
+    settings(browser, temperature=0, max_tokens=48)
     send(browser, PROMPT)
     seen: set[int] = set()  # lengths of the reply's text while it streams
     deadline = time.monotonic() + WAIT
     while time.monotonic() < deadline and (page(browser)["busy"] or not seen) and len(seen) < 400:
         if page(browser)["busy"]:
             seen.add(len(assistant_text(browser)))
-        time.sleep(0.01)
+        time.sleep(0.05)
     reply_done(browser, 1)
     assert len(seen - {0}) >= 2, f"the reply did not stream in: lengths seen {sorted(seen)}"
     text = assistant_text(browser)
     expected = api_client(live).chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": PROMPT}], max_tokens=96, temperature=0
+        model="tiny", messages=[{"role": "user", "content": PROMPT}], max_tokens=48, temperature=0
     ).choices[0].message.content
     stored = js(browser, "return JSON.parse(localStorage.getItem('edgespec.conversations.v1'))[0].messages[1]")
     assert stored["content"] == expected  # the same greedy reply as through the API
@@ -369,7 +376,7 @@ def test_reply_streams_coloured_with_a_live_strip_and_a_chart(browser, live: Liv
 
 @pytest.mark.real
 @pytest.mark.browser
-def test_reload_keeps_the_conversation(browser, live: LiveServer):
+def test_reload_keeps_the_conversation(browser, live: LiveServer, downloads: Path):
     before = assistant_text(browser)
     assert before
     browser.refresh()
@@ -377,9 +384,31 @@ def test_reload_keeps_the_conversation(browser, live: LiveServer):
     assert assistant_text(browser) == before
     assert js(browser, "return document.querySelectorAll('.msg.assistant .o-draft').length") > 0
     assert js(browser, "return document.querySelectorAll('.msg.user').length") == 1
-    exported = js(browser, "return JSON.parse(localStorage.getItem('edgespec.conversations.v1'))")
-    assert exported[0]["messages"][0]["content"] == PROMPT
+    stored = js(browser, "return JSON.parse(localStorage.getItem('edgespec.conversations.v1'))")
+    assert stored[0]["messages"][0]["content"] == PROMPT
+    js(browser, "document.getElementById('export').click()")
+    files = wait_until(lambda: [p for p in downloads.glob("edgespec-*.json")], "the exported conversation")
+    exported = json.loads(wait_until(lambda: files[0].read_text() or None, "the export to be written"))
+    assert exported["model"] == "tiny"
+    assert [m["content"] for m in exported["messages"]] == [m["content"] for m in stored[0]["messages"]]
     assert console_errors(browser) == []
+
+
+@pytest.mark.real
+@pytest.mark.browser
+def test_shift_enter_is_a_new_line_not_a_send(browser, live: LiveServer):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    box = browser.find_element(By.ID, "prompt")
+    box.clear()
+    box.send_keys("first line")
+    ActionChains(browser).key_down(Keys.SHIFT).send_keys(Keys.ENTER).key_up(Keys.SHIFT).perform()
+    box.send_keys("second line")
+    assert box.get_attribute("value") == "first line\nsecond line"
+    assert not page(browser)["busy"] and js(browser, "return document.querySelectorAll('.msg').length") == 2
+    box.clear()
 
 
 @pytest.mark.real
@@ -421,7 +450,7 @@ def test_escape_stops_the_reply_and_the_server_cancels(browser, live: LiveServer
 
 @pytest.mark.real
 @pytest.mark.browser
-def test_draft_len_auto_gives_a_speedup_estimate(browser, live: TimedServer):
+def test_draft_len_auto_gives_a_speedup_estimate(browser, live: TimedServer, shots: Path):
     """With draft_len auto the controller measures plain decoding, and the page shows the reply's speedup: the
     number the finishing chunk's ``edgespec.summary`` carries."""
     live.wait_idle()
@@ -436,6 +465,25 @@ def test_draft_len_auto_gives_a_speedup_estimate(browser, live: TimedServer):
     summary = js(browser, "return document.querySelector('.msg.assistant .summary').textContent")
     assert f"speedup ≈ {gain:.2f}×" in summary, summary
     assert console_errors(browser) == []
+    save_shot(browser, shots, "page-desktop-1280-auto.png")
+
+
+@pytest.mark.real
+@pytest.mark.browser
+def test_markdown_escapes_html_and_keeps_each_origin(browser, live: LiveServer):
+    """The page's renderer, run in the page: model text never becomes markup, and origins survive Markdown."""
+    render = (
+        "const [pieces, done] = arguments;"
+        "import('/static/markdown.js').then((m) => done(m.render(pieces)), (e) => done('failed: ' + e));"
+    )
+    html = browser.execute_async_script(render, [{"text": "<img src=x onerror=alert(1)> & **bo", "origin": "target"},
+                                                 {"text": "ld** `co", "origin": "draft"},
+                                                 {"text": "de`\n\n- item\n```py\nx < 1\n```", "origin": "lookup"}])
+    assert "<img" not in html and "&lt;img src=x onerror=alert(1)&gt; &amp; " in html
+    assert '<strong><span class="o-target">bo</span><span class="o-draft">ld</span></strong>' in html
+    assert '<code><span class="o-draft">co</span><span class="o-lookup">de</span></code>' in html
+    assert '<ul><li><span class="o-lookup">item</span></li></ul>' in html
+    assert '<pre><code data-lang="py"><span class="o-lookup">x &lt; 1</span></code></pre>' in html
 
 
 @pytest.mark.real
