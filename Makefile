@@ -13,7 +13,7 @@ BUILDENV := python3 -I edgespec/buildenv.py
 BACKEND_KEY := $(shell EDGESPEC_BACKEND='$(EDGESPEC_BACKEND)' CMAKE_ARGS='$(CMAKE_ARGS)' $(BUILDENV) --key 2>/dev/null \
 	|| echo unknown)
 
-.PHONY: setup backend models chat test bench lint
+.PHONY: setup backend models browser chat test bench lint
 
 setup: $(VENV)/.installed
 
@@ -38,10 +38,18 @@ models: setup
 	$(ES) models pull qwen2.5-coder
 	$(ES) models pull smollm2-135m gemma3-270m
 
+# The chat page's tests drive headless Chromium: Debian's chromium and chromium-driver, installed when missing
+# (as root, or with sudo). Nothing is downloaded from elsewhere.
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+	  sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$sudo apt-get update -qq && \
+	  $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }
+
 chat: setup
 	$(ES) chat
 
-test: setup models
+test: setup models browser
 	$(VENV)/bin/ruff check edgespec tui tests
 	$(VENV)/bin/pytest
 

@@ -5,8 +5,9 @@ in FIFO order behind the running one. The asyncio event loop parses, validates a
 the model. Modules: :mod:`.settings` what the command line decides, :mod:`.schemas` the request bodies,
 :mod:`.prepare` a request turned into engine input, :mod:`.worker` the generation thread and its queue,
 :mod:`.responses` OpenAI's response shapes (plus ``timings`` and ``speculation``), :mod:`.delivery` streaming
-and waiting with disconnect detection, :mod:`.errors` the error body, :mod:`.middleware` the API key and body
-cap, :mod:`.metrics` Prometheus counters, :mod:`.app` the routes.
+and waiting with disconnect detection, :mod:`.extension` the chunks' ``edgespec`` field (each piece of text's
+origin, each round), :mod:`.errors` the error body, :mod:`.middleware` the API key and body cap, :mod:`.metrics`
+Prometheus counters, :mod:`.page` the chat page at ``/`` (``static/``), :mod:`.app` the routes.
 """
 
 from edgespec.server.settings import ServerSettings

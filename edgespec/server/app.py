@@ -17,6 +17,7 @@ from edgespec.server.delivery import result_unless_disconnected, stream_response
 from edgespec.server.errors import ApiError, from_validation_error, install_error_handlers
 from edgespec.server.metrics import CONTENT_TYPE, ServerMetrics
 from edgespec.server.middleware import ApiKeyMiddleware, BodyLimitMiddleware
+from edgespec.server.page import install_page
 from edgespec.server.prepare import (
     chat_messages,
     check_model,
@@ -92,8 +93,11 @@ def create_app(load: Callable[[], Runtime], settings: ServerSettings | None = No
                 "draft": describe(runtime.draft),
                 "draft_len": loaded.draft_len,
                 "lookup": loaded.lookup,
+                "lookup_available": loaded.lookup_available,
             },
         }
+
+    install_page(app, key_required=bool(settings.api_key))
 
     @app.get("/health")
     async def health() -> dict:

@@ -18,6 +18,7 @@ from starlette.types import Message, Receive
 
 from edgespec.errors import EdgespecError
 from edgespec.server.errors import ApiError, from_edgespec_error
+from edgespec.server.extension import RoundLog
 from edgespec.server.responses import FINISH_REASONS, ResponseShape
 from edgespec.server.worker import GenerationWorker, Job, Outcome
 
@@ -42,10 +43,12 @@ async def _frames(
 ) -> AsyncIterator[str]:
     """``data:`` payloads: text chunks, the finishing chunk, the usage chunk if asked for, ``[DONE]``.
 
-    ``timings`` and ``speculation`` ride the last chunk before ``[DONE]``. An error after the stream began is a
-    frame of its own (``{"error": ...}``), then ``[DONE]``.
+    ``timings`` and ``speculation`` ride the last chunk before ``[DONE]``. Every chunk also carries an ``edgespec``
+    field (:mod:`.extension`: the text's origins, the rounds). An error after the stream began is a frame of its
+    own (``{"error": ...}``), then ``[DONE]``.
     """
     first = True
+    log = RoundLog()
     try:
         async for item in job.events():
             if isinstance(item, Outcome):
@@ -53,10 +56,14 @@ async def _frames(
                 if include_usage:
                     yield _json({**last, "usage": None})
                     last = shape.usage_chunk(item)
-                yield _json({**last, **extras(item)})
-            elif item.text:
+                yield _json({**last, **extras(item), "edgespec": log.finish(item.finished.stats)})
+                continue
+            log.observe(item)
+            if item.text:
                 piece = shape.chunk(item.text, first=first)
-                yield _json({**piece, "usage": None} if include_usage else piece)
+                if include_usage:
+                    piece["usage"] = None
+                yield _json({**piece, "edgespec": log.frame(item)})
                 first = False
     except Exception as exc:  # noqa: BLE001 - reported to the client in the stream
         yield _json(_as_api_error(exc).body())

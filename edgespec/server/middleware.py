@@ -12,6 +12,7 @@ import json
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from edgespec.server.errors import error_body
+from edgespec.server.page import is_public
 
 PUBLIC_PATHS = frozenset({"/health"})  # for load balancers and supervisors, as llama-server has it
 
@@ -31,7 +32,8 @@ async def send_error(
 
 
 class ApiKeyMiddleware:
-    """Every route but :data:`PUBLIC_PATHS` needs the key, as ``Authorization: Bearer KEY`` or ``X-Api-Key: KEY``.
+    """Every route but :data:`PUBLIC_PATHS` and the chat page (:func:`~edgespec.server.page.is_public`) needs the
+    key, as ``Authorization: Bearer KEY`` or ``X-Api-Key: KEY``.
 
     The comparison takes the same time whatever the guess, so the key cannot be found a byte at a time.
     """
@@ -41,7 +43,7 @@ class ApiKeyMiddleware:
         self._key = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
+        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS or is_public(scope["path"]):
             await self.app(scope, receive, send)
             return
         given = self._given_keys(scope)
