@@ -35,7 +35,7 @@ class FakeModel:
         self.sharp = sharp
         self.eos_bias = eos_bias
         self.kv_tokens: list[int] = []
-        self._logits: dict[tuple, np.ndarray] = {}  # logits_after's rows by key: the statistical tests ask millions
+        self._rows: dict[tuple, tuple[np.ndarray, list[int], list[float]]] = {}  # by key: see _row
         self.busy_seconds = 0.0
         self.decode_calls: list[tuple[int, int]] = []  # (n_tokens, n_logit_rows) of each decode
         self.readouts: list[Readout] = []  # the readout of each decode
@@ -47,8 +47,13 @@ class FakeModel:
 
     def logits_after(self, prefix: Sequence[int]) -> np.ndarray:
         """Next-token logits given the whole prefix (depends on the last two tokens and the length's parity)."""
+        return self._row(prefix)[0]
+
+    def _row(self, prefix: Sequence[int]) -> tuple[np.ndarray, list[int], list[float]]:
+        """The logits after ``prefix``, and its token ids best first with their logits as Python floats: cached by
+        the key the logits depend on (the statistical tests ask for millions of rows)."""
         key = (tuple(prefix[-2:]), len(prefix) % 2)
-        known = self._logits.get(key)
+        known = self._rows.get(key)
         if known is not None:
             return known
         rng = np.random.default_rng(abs(hash(key)) % (2**32))
@@ -60,28 +65,31 @@ class FakeModel:
                 * self.noise
             )
         x[EOS] += self.eos_bias
-        self._logits[key] = x = x.astype(np.float32)
+        x = x.astype(np.float32)
         x.flags.writeable = False  # shared by every call with this key
-        return x
+        ranked = np.argsort(-x, kind="stable").tolist()
+        self._rows[key] = row = (x, ranked, [float(x[t]) for t in ranked])
+        return row
 
     def decode(self, tokens: Sequence[int], rows: Sequence[int] = (), readout: Readout = LOGITS) -> Scores:
-        """The real Model's contract: scores of ``rows`` as ``readout`` asks (top-k candidates in a shuffled order,
-        as llama.cpp's in-graph top-k leaves them)."""
+        """The real Model's contract: scores of ``rows`` as ``readout`` asks (top-k candidates in no particular
+        order, as llama.cpp's in-graph top-k leaves them: here rotated by a step that changes every decode)."""
         if len(self.kv_tokens) + len(tokens) > self.n_ctx:
             raise AssertionError("fake context overflow")
         start = list(self.kv_tokens)
-        logits = [self.logits_after(start + list(tokens[: i + 1])) for i in rows]
+        scored = [self._row(start + list(tokens[: i + 1])) for i in rows]
         self.kv_tokens.extend(tokens)
-        self.decode_calls.append((len(tokens), len(logits)))
+        self.decode_calls.append((len(tokens), len(scored)))
         self.readouts.append(readout)
-        out = np.array(logits, dtype=np.float32).reshape(len(logits), self.n_vocab)
         if readout.kind == "argmax":
-            return out.argmax(axis=1).tolist()
+            return [ranked[0] for _, ranked, _ in scored]
         if readout.kind == "top_k":  # lists, as the real Model reads them out
-            ids = np.argsort(-out, axis=1, kind="stable")[:, : readout.k]
-            ids = ids[:, np.random.default_rng(len(self.decode_calls)).permutation(ids.shape[1])]
-            return Candidates(ids.tolist(), np.take_along_axis(out, ids, axis=1).tolist())
-        return out
+            k = readout.k
+            turn = len(self.decode_calls) % k
+            ids = [ranked[:k][turn:] + ranked[:k][:turn] for _, ranked, _ in scored]
+            values = [values[:k][turn:] + values[:k][:turn] for _, _, values in scored]
+            return Candidates(ids, values)
+        return np.array([x for x, _, _ in scored], dtype=np.float32).reshape(len(scored), self.n_vocab)
 
     def readout_path(self, readout: Readout) -> str:
         return readout.path
