@@ -292,7 +292,7 @@ class Engine:
         if params.greedy:
             if counts is None:
                 return verify_greedy(draft.tokens, scores)  # the target's argmax per position, from llama.cpp
-            return verify_greedy(draft.tokens, [p.top for p in Warped(scores, params, counts)])
+            return verify_greedy(draft.tokens, _Tops(Warped(scores, params, counts)))
         # p_1..p_{γ+1}, each warped when the verifier first reads it
         return verify_stochastic(draft.tokens, draft.q, Warped(scores, params, counts), rng)
 
@@ -410,6 +410,19 @@ class _Tally:
             plain_tokens_per_second=controller.plain_tokens_per_second,
             sampling_path=self.sampling_path,
         )
+
+
+class _Tops(Sequence[int]):
+    """The mode of each warped row, when the greedy verifier reaches it (it stops at the first mismatch)."""
+
+    def __init__(self, rows: Warped) -> None:
+        self._rows = rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, i: int) -> int:  # type: ignore[override]  # rows only, no slices
+        return self._rows[i].top
 
 
 def _chunk(spans: list[Span], emitted: list[int], from_draft: list[bool], stats: Stats) -> Chunk:

@@ -64,9 +64,25 @@ def window(context: Sequence[int], draft: Sequence[int], n: int) -> Counter[int]
     return Counter([*context[max(0, len(context) - (n - len(draft))) :], *draft])
 
 
-def windows(context: Sequence[int], draft: Sequence[int], n: int) -> list[Counter[int]]:
+def windows(context: Sequence[int], draft: Sequence[int], n: int) -> RowWindows:
     """The counts of each verify row: row i sees ``context + d_1..d_{i-1}`` (``len(draft) + 1`` rows)."""
-    return [window(context, draft[:i], n) for i in range(len(draft) + 1)]
+    return RowWindows(context, draft, n)
+
+
+class RowWindows(Sequence[Counter[int]]):
+    """:func:`windows`, each row's counts computed when it is first asked for: a verify reads the rows up to its first
+    rejection."""
+
+    def __init__(self, context: Sequence[int], draft: Sequence[int], n: int) -> None:
+        self._context, self._draft, self._n = context, draft, n
+
+    def __len__(self) -> int:
+        return len(self._draft) + 1
+
+    def __getitem__(self, i: int) -> Counter[int]:  # type: ignore[override]  # rows only, no slices
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return window(self._context, self._draft[:i], self._n)
 
 
 def penalize_list(ids: list[int], logits: list[float], counts: Counter[int], params: SamplingParams) -> list[float]:

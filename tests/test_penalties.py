@@ -45,7 +45,7 @@ def test_penalties_follow_their_definitions_on_lists_and_rows() -> None:
     ],
 )
 def test_each_verify_row_counts_the_context_plus_the_drafts_before_it(context, draft, n, expected) -> None:
-    assert windows(context, draft, n) == [Counter(e) for e in expected]
+    assert list(windows(context, draft, n)) == [Counter(e) for e in expected]
 
 
 @pytest.mark.parametrize(
