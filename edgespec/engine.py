@@ -133,6 +133,10 @@ class Engine:
         """
         if not prompt:
             raise InvalidParameterError("the prompt is empty")
+        if params.logit_bias and params.logit_bias[-1][0] >= self.target.n_vocab:  # sorted by token id
+            raise InvalidParameterError(
+                f"logit_bias names token {params.logit_bias[-1][0]}: the vocabulary has {self.target.n_vocab} tokens"
+            )
         self._check_fits(len(prompt), params.max_tokens)
         return self._locked_run(list(prompt), params, cancel)
 

@@ -52,7 +52,8 @@ def only_lowers(params: SamplingParams) -> bool:
 
 def candidates_needed(params: SamplingParams, top_k: int) -> int:
     """How many raw top candidates hold the top-``top_k`` after penalties that only lower (see the module doc)."""
-    return top_k + params.repeat_last_n + sum(1 for _, b in params.logit_bias if b < 0)
+    penalized = params.repeat_penalty != 1 or params.presence_penalty != 0 or params.frequency_penalty != 0
+    return top_k + (params.repeat_last_n if penalized else 0) + sum(1 for _, b in params.logit_bias if b < 0)
 
 
 def window(context: Sequence[int], draft: Sequence[int], n: int) -> Counter[int]:

@@ -67,8 +67,8 @@ class SamplingParams:
         else:
             object.__setattr__(self, "stop", tuple(self.stop))
         bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
-        try:
-            object.__setattr__(self, "logit_bias", tuple(sorted((int(t), float(b)) for t, b in bias)))
+        try:  # one bias per token id (the last of a repeated one wins, as in a JSON object)
+            object.__setattr__(self, "logit_bias", tuple(sorted({int(t): float(b) for t, b in bias}.items())))
         except (TypeError, ValueError):
             raise InvalidParameterError(f"logit_bias must map token ids to numbers, got {self.logit_bias!r}") from None
         problems = []
@@ -232,6 +232,8 @@ PY_ROW_MAX = 128
 def warp(scores: Scores, params: SamplingParams) -> list[Dist]:
     """Rows of raw logits (``[n_vocab]`` or ``[R, n_vocab]``, or llama.cpp's top-k :class:`Candidates`) → the
     distributions the sampler draws from, one per row."""
+    if params.penalized:
+        raise ValueError("warp() knows no history for penalties or a logit bias: use warp_row with the row's counts")
     if isinstance(scores, np.ndarray) and scores.ndim == 1:
         scores = scores.reshape(1, -1)
     return [warp_row(scores, r, params) for r in range(len(scores))]

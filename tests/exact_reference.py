@@ -139,7 +139,7 @@ def reference_penalize(
     x = np.array(logits, dtype=np.float64)
     for t, b in (logit_bias or {}).items():
         x[t] += b
-    recent = history[len(history) - repeat_last_n :] if repeat_last_n > 0 else []
+    recent = history[max(0, len(history) - repeat_last_n) :] if repeat_last_n > 0 else []
     for t in set(recent):
         c = recent.count(t)
         x[t] = x[t] / repeat_penalty if x[t] > 0 else x[t] * repeat_penalty

@@ -4,6 +4,7 @@ from llama.cpp that must still hold the penalised top-k."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -21,14 +22,15 @@ def test_penalties_follow_their_definitions_on_lists_and_rows() -> None:
     params = SamplingParams(
         repeat_penalty=1.3, repeat_last_n=6, presence_penalty=0.4, frequency_penalty=0.7, logit_bias={3: -2.0, 9: 1.5}
     )
-    for _ in range(50):
+    for length, n in [(12, 6)] * 30 + [(9, 16)] * 10 + [(3, 64)] * 10:  # windows shorter and longer than the text
+        params = replace(params, repeat_last_n=n)
         logits = rng.normal(size=V).astype(np.float32) * 3
-        history = rng.integers(0, V, size=12).tolist()
+        history = rng.integers(0, V, size=length).tolist()
         expected = reference_penalize(
-            logits, history, repeat_penalty=1.3, repeat_last_n=6, presence_penalty=0.4, frequency_penalty=0.7,
+            logits, history, repeat_penalty=1.3, repeat_last_n=n, presence_penalty=0.4, frequency_penalty=0.7,
             logit_bias={3: -2.0, 9: 1.5},
         )  # fmt: skip
-        counts = window(history, [], 6)
+        counts = window(history, [], n)
         np.testing.assert_allclose(penalize_row(logits, counts, params), expected, rtol=1e-12)
         ids = rng.permutation(V)[:20].tolist()
         got = penalize_list(ids, [float(logits[t]) for t in ids], counts, params)
@@ -108,3 +110,15 @@ def test_logit_bias_is_stored_hashable_and_sorted() -> None:
     params = SamplingParams(logit_bias={"9": 1, 2: -3.5})
     assert params.logit_bias == ((2, -3.5), (9, 1.0)) and hash(params)
     assert not SamplingParams().penalized and params.penalized
+
+
+def test_a_repeated_bias_id_keeps_one_bias_and_an_id_outside_the_vocabulary_is_refused() -> None:
+    from fakes import FakeModel
+
+    from edgespec.engine import Engine
+
+    assert SamplingParams(logit_bias=((5, 1.0), (5, 2.0))).logit_bias == ((5, 2.0),)
+    engine = Engine(FakeModel(n_vocab=12), None, draft_len=0)
+    with pytest.raises(InvalidParameterError, match="logit_bias names token 12"):
+        engine.stream([1, 2], SamplingParams(logit_bias={12: 1.0}))
+    assert len(list(engine.stream([1, 2], SamplingParams(logit_bias={11: -5.0}, max_tokens=3)))) > 1

@@ -81,6 +81,7 @@ def test_penalties_and_logit_bias_reach_the_sampler() -> None:
     [
         ({"logit_bias": {"abc": 1}}, "logit_bias"),
         ({"logit_bias": {"100": 1}}, "logit_bias"),  # outside the vocabulary
+        ({"logit_bias": {"²": 1}}, "logit_bias"),  # a digit to str.isdigit, not to int()
         ({"frequency_penalty": 3.0}, None),  # out of OpenAI's range: the message names it
         ({"repeat_penalty": 0.0}, None),
     ],

@@ -198,10 +198,10 @@ def sampling_params(opts: dict[str, Any]):
         seed=opts["seed"],
         max_tokens=opts["max_tokens"],
         stop=tuple(opts["stop"]),
-        repeat_penalty=opts.get("repeat_penalty", 1.0),
-        repeat_last_n=opts.get("repeat_last_n", 64),
-        presence_penalty=opts.get("presence_penalty", 0.0),
-        frequency_penalty=opts.get("frequency_penalty", 0.0),
+        repeat_penalty=opts["repeat_penalty"],
+        repeat_last_n=opts["repeat_last_n"],
+        presence_penalty=opts["presence_penalty"],
+        frequency_penalty=opts["frequency_penalty"],
     )
 
 

@@ -200,11 +200,10 @@ def _logit_bias(bias: dict[str, float], n_vocab: int) -> dict[int, float]:
     """OpenAI's logit_bias: token ids (as JSON object keys) to biases."""
     out = {}
     for key, value in bias.items():
-        if not key.strip().isdigit() or int(key) >= n_vocab:
-            raise bad_request(
-                f"logit_bias keys must be token ids 0..{n_vocab - 1}, got {key!r}", param="logit_bias"
-            )
-        out[int(key)] = value
+        token = int(key) if key.isascii() and key.isdigit() else -1  # "²".isdigit() is true, int("²") fails
+        if not 0 <= token < n_vocab:
+            raise bad_request(f"logit_bias keys must be token ids 0..{n_vocab - 1}, got {key!r}", param="logit_bias")
+        out[token] = value
     return out
 
 
