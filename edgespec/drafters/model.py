@@ -75,7 +75,8 @@ class ModelDrafter:
 
 def _confidence(scores: Scores, q: Dist, params: SamplingParams) -> float:
     """Top probability of the draft: of q when sampling, of the temperature-1 softmax of the whole row when greedy
-    (q is one-hot then, and the readout whole logits)."""
+    (q is one-hot then, and the readout whole logits). A heuristic for when to stop drafting: greedy ignores any
+    penalties here, which can only make it draft a little longer or shorter, never change what is accepted."""
     if not params.greedy:
         return q.top_prob
     assert isinstance(scores, np.ndarray)
