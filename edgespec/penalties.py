@@ -31,13 +31,13 @@ if TYPE_CHECKING:
     from edgespec.sampling import SamplingParams
 
 
+def counting(params: SamplingParams) -> bool:
+    """Whether a penalty is on (they count the window's tokens; a logit bias alone does not)."""
+    return params.repeat_penalty != 1 or params.presence_penalty != 0 or params.frequency_penalty != 0
+
+
 def active(params: SamplingParams) -> bool:
-    return (
-        params.repeat_penalty != 1
-        or params.presence_penalty != 0
-        or params.frequency_penalty != 0
-        or bool(params.logit_bias)
-    )
+    return counting(params) or bool(params.logit_bias)
 
 
 def only_lowers(params: SamplingParams) -> bool:
@@ -52,8 +52,8 @@ def only_lowers(params: SamplingParams) -> bool:
 
 def candidates_needed(params: SamplingParams, top_k: int) -> int:
     """How many raw top candidates hold the top-``top_k`` after penalties that only lower (see the module doc)."""
-    penalized = params.repeat_penalty != 1 or params.presence_penalty != 0 or params.frequency_penalty != 0
-    return top_k + (params.repeat_last_n if penalized else 0) + sum(1 for _, b in params.logit_bias if b < 0)
+    lowered = (params.repeat_last_n if counting(params) else 0) + sum(1 for _, b in params.logit_bias if b < 0)
+    return top_k + lowered
 
 
 def window(context: Sequence[int], draft: Sequence[int], n: int) -> Counter[int]:

@@ -88,6 +88,8 @@ def test_a_penalty_that_can_raise_a_logit_reads_whole_rows() -> None:
         "top_k", 65
     )
     assert readout_for(SamplingParams(top_k=40, repeat_penalty=1.1), 80) == LOGITS  # k + 64 is the whole row
+    # a negative bias alone lowers only its own tokens: no window to read past
+    assert readout_for(SamplingParams(top_k=40, logit_bias={5: -3.0, 9: -1.0}), 151_936) == Readout("top_k", 42)
 
 
 @pytest.mark.parametrize(
