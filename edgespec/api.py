@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgespec.drafters.costs import CostCache
-from edgespec.engine import Engine
+from edgespec.engine import MAX_PARALLEL, Engine
 from edgespec.errors import EdgespecError, InvalidParameterError
 from edgespec.events import Chunk, Event, Finished
 from edgespec.models.backend import Model, auto_gpu_layers, gpu_offload_supported
@@ -59,6 +59,7 @@ class Runtime:
     """A loaded target (+ optional draft model) and the engine that drives them."""
 
     draft_choice: str | None = None  # with draft="auto": the one line saying which draft was chosen and why
+    parallel_note: str | None = None  # when fewer requests at once were loaded than asked for: why
 
     def __init__(
         self, engine: Engine, *, target_name: str | None = None, draft_name: str | None = None
@@ -77,16 +78,21 @@ class Runtime:
         params: SamplingParams | None = None,
         *,
         cancel: threading.Event | None = None,
+        draft_len: int | str | None = None,
+        lookup: bool | None = None,
     ) -> Iterator[Event]:
         """Yield :class:`Chunk` events as tokens are committed, then one :class:`Finished`.
 
         A string prompt is tokenized with the model's special tokens (BOS where the model wants one).
-        ``cancel`` (or :meth:`cancel` from any thread) stops after the current round; the runtime stays usable.
+        ``cancel`` stops this request after its current round (:meth:`cancel` stops every running one); the
+        runtime stays usable. Several threads may stream at once: a runtime loaded with ``parallel=N`` runs up to
+        N requests in the same decodes, and the rest wait their turn. ``draft_len`` and ``lookup`` override
+        :meth:`set_draft_len` and :meth:`set_lookup` for this request only.
         """
         params = params or SamplingParams()
         tokens = self.engine.target.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         self._cancel = cancel or threading.Event()
-        return self.engine.stream(tokens, params, cancel=self._cancel)
+        return self.engine.stream(tokens, params, cancel=self._cancel, draft_len=draft_len, lookup=lookup)
 
     def generate(
         self,
@@ -98,6 +104,39 @@ class Runtime:
     ) -> Finished:
         """Run to the end and return the :class:`Finished` event (text, tokens, stats)."""
         return _drain(self.stream(prompt, params, cancel=cancel), on_chunk)
+
+    def generate_many(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        cancel: threading.Event | None = None,
+    ) -> list[Finished]:
+        """Generate for every prompt, up to ``parallel`` of them in the same decodes, on the calling thread; the
+        results come back in the prompts' order. ``params``: one for all, or one per prompt (each request keeps
+        its own seed, so a seeded request gives what it gives alone)."""
+        if params is None or isinstance(params, SamplingParams):
+            params = [params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise InvalidParameterError(f"{len(prompts)} prompts but {len(params)} sampling settings")
+        todo = list(enumerate(zip(prompts, params, strict=True)))[::-1]
+        results: list[Finished | None] = [None] * len(prompts)
+        running: dict[int, Iterator[Event]] = {}
+        try:
+            while todo or running:
+                while todo and len(running) < self.engine.parallel:
+                    i, (prompt, p) = todo.pop()
+                    running[i] = self.stream(prompt, p, cancel=cancel)
+                # One event from each in turn: whichever stream runs out of events steps all of them.
+                for i, events in list(running.items()):
+                    event = next(events)
+                    if isinstance(event, Finished):
+                        results[i] = event
+                        del running[i]
+        finally:
+            for events in running.values():
+                events.close()  # type: ignore[attr-defined]
+        return [r for r in results if r is not None]
 
     def chat(
         self,
@@ -123,7 +162,7 @@ class Runtime:
         return tokens
 
     def cancel(self) -> None:
-        """Stop the running request after its current round. Safe from any thread."""
+        """Stop every running request after its current round. Safe from any thread."""
         if self._cancel is not None:
             self._cancel.set()
         self.engine.cancel()
@@ -153,16 +192,12 @@ class Runtime:
 
         Only a runtime loaded with ``lookup=True`` has a lookup drafter to switch back on.
         """
-        drafter = self.engine.drafters.get("lookup")
-        if enabled and drafter is None:
-            raise InvalidParameterError("prompt lookup was turned off when the models were loaded")
-        # The engine asks ``_lookup`` for a proposal every round; None means it proposes nothing.
-        self.engine._lookup = drafter if enabled else None
+        self.engine.set_lookup(enabled)
 
     @property
     def lookup(self) -> bool:
         """Whether prompt lookup drafts in the next request."""
-        return self.engine._lookup is not None
+        return self.engine.lookup
 
     def close(self) -> None:
         self.engine.target.close()
@@ -200,6 +235,7 @@ def load(
     lookup: bool = True,
     p_min: float = 0.0,
     bit_exact: bool = False,
+    parallel: int = 1,
     progress: LoadProgress | None = None,
     show_fetch_progress: bool = True,
 ) -> Runtime:
@@ -215,8 +251,13 @@ def load(
     None: what still fits after the target when the target's was None too, else the target's setting.
     ``bit_exact``: load the target so that greedy speculation is token-identical to plain decoding (no CPU weight
     repacking; slower, see :class:`~edgespec.models.backend.Model`).
+    ``parallel``: requests served at once (each gets ``n_ctx`` of context of its own; see
+    :meth:`Runtime.generate_many` and :meth:`Runtime.stream`); fewer when the KV cache of that many does not fit
+    the free memory (``Runtime.parallel_note`` says so).
     ``progress(stage, fraction)`` reports loading.
     """
+    if not 1 <= parallel <= MAX_PARALLEL:
+        raise InvalidParameterError(f"parallel must be 1..{MAX_PARALLEL}, got {parallel}")
     from edgespec.models.gguf import check_vocab_compatible, preflight
     from edgespec.models.registry import cache_dir, resolve_model
 
@@ -233,12 +274,16 @@ def load(
     if draft_path is not None:
         check_vocab_compatible(target_meta, preflight(draft_path))
 
+    parallel_note = None
+    if parallel > 1:
+        parallel, parallel_note = _parallel_that_fits(parallel, [p for p in (target_path, draft_path) if p], n_ctx)
+
     def stage(name: str) -> Callable[[float], None] | None:
         return (lambda f: progress(name, f)) if progress is not None else None
 
     if n_gpu_layers is None:
         # Both placed together, the target first; a draft given explicitly keeps its own setting.
-        fitted = auto_gpu_layers([(p, n_ctx) for p in (target_path, draft_path) if p is not None])
+        fitted = auto_gpu_layers([(p, n_ctx * parallel) for p in (target_path, draft_path) if p is not None])
         n_gpu_layers = fitted[0]
         if n_gpu_layers_draft is None:
             n_gpu_layers_draft = fitted[-1]
@@ -250,6 +295,7 @@ def load(
         n_gpu_layers=n_gpu_layers,
         n_threads=n_threads,
         bit_exact=bit_exact,
+        n_seq=parallel,
         progress=stage("target"),
     )
     draft_model = None
@@ -261,6 +307,7 @@ def load(
                 n_ctx=n_ctx,
                 n_gpu_layers=n_gpu_layers_draft,
                 n_threads=n_threads,
+                n_seq=parallel,
                 progress=stage("draft"),
             )
         engine = Engine(
@@ -282,4 +329,18 @@ def load(
         draft_name=(str(draft) if draft is not None and not Path(str(draft)).exists() else None),
     )
     runtime.draft_choice = draft_choice
+    runtime.parallel_note = parallel_note
     return runtime
+
+
+def _parallel_that_fits(wanted: int, paths: list[Path], n_ctx: int) -> tuple[int, str | None]:
+    """``wanted`` sequences, or fewer when their KV caches do not fit the memory free for them: the GPUs' when
+    there are any (offloaded KV lives there), else the RAM's, less the weights either way."""
+    from edgespec.models.backend import gpu_devices, model_shape
+    from edgespec.models.offload import available_memory, parallel_that_fits
+
+    kv = sum(model_shape(p).kv_bytes_per_token * n_ctx for p in paths)
+    weights = sum(Path(p).stat().st_size for p in paths)
+    gpus = gpu_devices()
+    free = sum(d.free for d in gpus) if gpus else available_memory()
+    return parallel_that_fits(wanted, kv, None if free is None else max(free - weights, 0))

@@ -1,34 +1,44 @@
-"""The speculative round loop: draft → verify → accept → roll back → update.
+"""The engine: requests on lanes (sequences of one llama.cpp context), stepped together.
 
-State between rounds: the committed tokens ``x[0..n)``. The target's KV holds ``x[0..n-1)``; the last committed
-token ``x[n-1]`` is *pending* and opens the next verify batch. Plain decoding is the same loop with γ = 0, so the
-baseline, the fallback and the speculative path share every line.
+Each step runs one round of every active request (:mod:`edgespec.generation`): each plans and drafts, knowing what
+the requests planned before it put into the step (the controller maximises the *batch's* tokens per second, so
+speculation backs off as the batch fills where a wide decode is dear), then one target decode verifies every
+request's rows, and each accepts, rolls back and updates on its own. A lone request is the same step with one lane,
+so it runs the single-stream loop unchanged.
+
+No thread of its own: every caller's thread steps for all when its own request has no event to hand out (a
+leader/follower pattern), so one caller runs inline, as fast as a plain loop, and several share each decode.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass
 
-from edgespec.drafters.base import Draft, Drafter
-from edgespec.drafters.controller import Controller, FixedController, Plan, RoundController
+from edgespec.drafters.base import Drafter
+from edgespec.drafters.controller import NO_LOAD, Controller, FixedController, Load, RoundController, VerifyCost
 from edgespec.drafters.costs import CostCache, Costs, setup_key, time_decodes
 from edgespec.drafters.lookup import LookupDrafter
 from edgespec.drafters.model import ModelDrafter
 from edgespec.errors import ContextOverflowError, EdgespecError, InvalidParameterError
-from edgespec.events import Chunk, Event, Finished, FinishReason, Span, Stats
-from edgespec.models.backend import MAX_ROWS, Model
-from edgespec.penalties import windows
-from edgespec.sampling import Readout, SamplingParams, Scores, Uniforms, Warped, readout_for
-from edgespec.text import TextStream
-from edgespec.verify import Verdict, verify_greedy, verify_stochastic
+from edgespec.events import Event, Finished, Stats
+from edgespec.generation import Generation, Lane
+from edgespec.models.backend import MAX_ROWS, Model, Part, common_prefix
+from edgespec.sampling import Readout, SamplingParams
 
 # Long drafts only pay in copy streaks (prompt lookup), but there they do: on a CPU a 16-token verify measured
 # 6.7x a single step, so a fully accepted one is 2.4x faster than plain decoding.
 DEFAULT_MAX_GAMMA = 16
 MAX_DRAFT_LEN = 64
+# Requests one engine serves at once: llama.cpp allows 256 sequences, but a decode's 65 rows shared by more than
+# 16 leaves them a few rows each, and every sequence holds its own n_ctx of KV.
+MAX_PARALLEL = 16
+# Prompt tokens a step prefills for a newly admitted request while others are in rounds: on a 2-core CPU ~1 s
+# of the 1.5B's prefill, so a long prompt delays the others' tokens by that much a step, not by the whole prompt.
+PREFILL_CHUNK = 128
 
 
 def parse_draft_len(value: str | int) -> int | str:
@@ -42,7 +52,8 @@ def parse_draft_len(value: str | int) -> int | str:
 
 
 class Engine:
-    """Generates with a loaded target and optional drafters. One request at a time; reusable across requests.
+    """Generates with a loaded target and optional drafters, for up to ``parallel`` requests at once (the target's
+    sequences; one unless it was loaded with more). Reusable across requests; safe to call from several threads.
 
     ``draft_len``: ``"auto"`` lets the cost-aware controller pick the drafter and γ each round (0 included);
     an integer fixes γ (the draft model if there is one, else prompt lookup; 0 = plain decoding).
@@ -58,22 +69,50 @@ class Engine:
         p_min: float = 0.0,
         max_gamma: int = DEFAULT_MAX_GAMMA,
         cost_cache: CostCache | None = None,
+        parallel: int | None = None,
     ) -> None:
         self.target = target
         self.draft_model = draft
-        self.drafters: dict[str, Drafter] = {}
-        if draft is not None:
-            self.drafters["model"] = ModelDrafter(draft, p_min=p_min)
-        self._lookup = LookupDrafter() if lookup else None
-        if self._lookup is not None:
-            self.drafters["lookup"] = self._lookup
+        n_seq = getattr(target, "n_seq", 1)
+        parallel = n_seq if parallel is None else parallel
+        if not 1 <= parallel <= n_seq or (draft is not None and parallel > getattr(draft, "n_seq", 1)):
+            raise InvalidParameterError(
+                f"parallel={parallel}: the models were loaded with room for {n_seq} sequences (load with parallel=N)"
+            )
+        if parallel > getattr(target, "max_verify_rows", MAX_ROWS):
+            raise InvalidParameterError(f"parallel={parallel} is more requests than one bit-exact decode can carry")
+        self.parallel = parallel
+        self._lanes = [self._make_lane(i, p_min, lookup) for i in range(parallel)]
+        self.drafters: dict[str, Drafter] = self._lanes[0].drafters  # the drafters' names (lane 0's objects)
+        self._lookup_on = lookup
         self.max_gamma = min(max_gamma, self.gamma_limit)
-        self._auto: Controller | None = None  # kept across set_draft_len switches, so its estimates survive
-        self._calibrated_for: str | None = None  # the controller has costs measured with readouts of this kind
+        self._curve: VerifyCost | None = None  # the target's decode costs: the auto controllers of all lanes share it
+        self._costs: dict[str, Costs] = {}  # calibrated costs by readout kind, recorded into each lane's controller
         self._cost_cache = cost_cache
-        self._busy = threading.Lock()
-        self._cancel = threading.Event()
+        # One condition guards the lanes, the requests and the stepper's role: a thread waits on it for its
+        # request's events, for a lane, or for the step another thread is running.
+        self._cond = threading.Condition()
+        self._stepper: threading.Thread | None = None  # the thread running a step (or retiring a request) now
+        self._active: list[Generation] = []  # requests on a lane, prefilling or in rounds
+        self._waiting: deque[object] = deque()  # requests waiting for a lane, first come first served
+        self.steps = 0  # decodes of the target run by steps, and their rows and sequences (for /metrics)
+        self.step_rows = 0
+        self.step_sequences = 0
         self.set_draft_len(draft_len)
+
+    def _make_lane(self, index: int, p_min: float, lookup: bool) -> Lane:
+        # A lone lane talks to the models themselves (sequence 0), so a single-stream engine, its fakes and its
+        # replays need no slots.
+        target = self.target if self.parallel == 1 else self.target.slots[index]
+        draft = None
+        if self.draft_model is not None:
+            draft = self.draft_model if self.parallel == 1 else self.draft_model.slots[index]
+        drafters: dict[str, Drafter] = {}
+        if draft is not None:
+            drafters["model"] = ModelDrafter(draft, p_min=p_min)
+        if lookup:
+            drafters["lookup"] = LookupDrafter()
+        return Lane(index, target, draft, drafters)
 
     # ----- configuration -------------------------------------------------------------------------------------
     def set_draft_len(self, draft_len: int | str) -> None:
@@ -82,12 +121,13 @@ class Engine:
         A request in flight keeps the settings it started with; the change applies from the next one.
         """
         draft_len = parse_draft_len(draft_len)
-        if draft_len == "auto":
-            if self._auto is None:
-                self._auto = Controller(list(self.drafters), max_gamma=self.max_gamma)
-            self.controller: RoundController = self._auto
-        else:
-            assert isinstance(draft_len, int)
+        self._fixed_drafter = self._check_draft_len(draft_len)
+        self.draft_len = draft_len
+
+    def _check_draft_len(self, draft_len: int | str) -> str | None:
+        """Refuse a fixed γ this engine cannot run; the drafter a fixed γ drafts with."""
+        name = "model" if "model" in self.drafters else ("lookup" if "lookup" in self.drafters else None)
+        if isinstance(draft_len, int):
             if draft_len > self.gamma_limit:
                 bit_exact = getattr(self.target, "bit_exact", False)
                 why = " (bit-exact: llama.cpp's CPU kernels change at wider batches)" if bit_exact else ""
@@ -95,13 +135,22 @@ class Engine:
                     f"draft length {draft_len} is more than this target verifies at once: at most {self.gamma_limit}"
                     + why
                 )
-            name = "model" if "model" in self.drafters else ("lookup" if "lookup" in self.drafters else None)
             if draft_len and name is None:
                 raise InvalidParameterError(
                     f"draft length {draft_len} needs a drafter: load a draft model or turn prompt lookup on"
                 )
-            self.controller = FixedController(name if draft_len else None, draft_len)
-        self.draft_len = draft_len
+        return name
+
+    def set_lookup(self, enabled: bool) -> None:
+        """Prompt-lookup drafting on or off from the next request (only an engine built with lookup has it)."""
+        if enabled and "lookup" not in self.drafters:
+            raise InvalidParameterError("prompt lookup was turned off when the models were loaded")
+        self._lookup_on = enabled
+
+    @property
+    def lookup(self) -> bool:
+        """Whether prompt lookup drafts in the next request."""
+        return self._lookup_on and "lookup" in self.drafters
 
     @property
     def gamma_limit(self) -> int:
@@ -115,210 +164,282 @@ class Engine:
         fixed γ never changes another's."""
         return self.draft_len if isinstance(self.draft_len, int) else self.max_gamma
 
-    def cancel(self) -> None:
-        """Stop the running request after its current round (safe from any thread)."""
-        self._cancel.set()
+    @property
+    def active(self) -> int:
+        """Requests on a lane now."""
+        return sum(lane.busy for lane in self._lanes)
 
-    # ----- the loop ------------------------------------------------------------------------------------------
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a lane."""
+        return len(self._waiting)
+
+    def cancel(self) -> None:
+        """Stop every running request after its current round (safe from any thread)."""
+        for generation in list(self._active):
+            generation.cancelled = True
+
+    # ----- requests ------------------------------------------------------------------------------------------
     def stream(
         self,
         prompt: Sequence[int],
         params: SamplingParams,
         *,
         cancel: threading.Event | None = None,
+        draft_len: int | str | None = None,
+        lookup: bool | None = None,
     ) -> Iterator[Event]:
         """Generate after the prompt tokens; yield a :class:`Chunk` per round and a :class:`Finished` at the end.
 
-        Bad input (an empty prompt, a request that cannot fit the context) raises here, before any work.
+        Bad input (an empty prompt, a request that cannot fit the context) raises here, before any work. With
+        every lane taken, the request waits for one (first come, first served) when iterated; ``cancel`` ends
+        the wait too. ``draft_len`` and ``lookup`` override the engine's settings for this request only.
         """
+        settings = _RequestSettings(
+            parse_draft_len(draft_len) if draft_len is not None else self.draft_len,
+            self._fixed_drafter,
+            self._lookup_on if lookup is None else lookup,
+        )
+        if draft_len is not None:
+            self._check_draft_len(settings.draft_len)
+        if settings.lookup and "lookup" not in self.drafters:
+            raise InvalidParameterError("prompt lookup was turned off when the models were loaded")
         if not prompt:
             raise InvalidParameterError("the prompt is empty")
         if params.logit_bias and params.logit_bias[-1][0] >= self.target.n_vocab:  # sorted by token id
             raise InvalidParameterError(
                 f"logit_bias names token {params.logit_bias[-1][0]}: the vocabulary has {self.target.n_vocab} tokens"
             )
-        self._check_fits(len(prompt), params.max_tokens)
-        return self._locked_run(list(prompt), params, cancel)
+        self._check_fits(len(prompt), params.max_tokens, settings.headroom(self.max_gamma))
+        return self._serve(list(prompt), params, cancel, settings)
 
-    def _locked_run(self, ctx: list[int], params: SamplingParams, cancel: threading.Event | None) -> Iterator[Event]:
-        if not self._busy.acquire(blocking=False):
-            raise EdgespecError("the engine is busy with another request (one at a time per loaded model)")
-        self._cancel.clear()
+    def _serve(
+        self, prompt: list[int], params: SamplingParams, cancel: threading.Event | None, settings: _RequestSettings
+    ) -> Iterator[Event]:
+        generation = self._admit(prompt, params, cancel, settings)
+        if generation is None:  # cancelled while it waited for a lane
+            yield Finished(text="", tokens=(), finish_reason="cancelled", stats=Stats(prompt_tokens=len(prompt)))
+            return
         try:
-            yield from self._run(ctx, params, cancel)
-        finally:
-            self._busy.release()
-
-    def _run(self, ctx: list[int], params: SamplingParams, cancel: threading.Event | None) -> Iterator[Event]:
-        # A settings change (set_draft_len) during this request takes effect with the next one.
-        target, drafters, controller = self.target, self.drafters, self.controller
-        max_gamma = self.headroom  # a fixed γ drafts exactly that far; auto up to max_gamma
-        rng = params.rng()
-        # What the verify reads back per row: the argmax or the top-k candidates, selected inside llama.cpp.
-        readout = readout_for(params, target.n_vocab)
-        n_prompt = len(ctx)
-        clock = time.perf_counter
-        t_start = clock()
-        tally = _Tally(n_prompt, max_gamma, target.readout_path(readout))
-        try:
-            # Prefill: the KV of everything but the pending last token; a shared prefix is kept, not recomputed.
-            tally.prefilled = target.sync(ctx[:-1])
-            for drafter in drafters.values():
-                drafter.reset(ctx)
-            controller.start_request()  # every drafter is in step with the prompt: nothing to catch up
-            if controller is self._auto and readout.kind != self._calibrated_for:
-                self._calibrate(ctx, controller, max_gamma, readout)
-            tally.t_prefill = clock() - t_start
-            draft_model, is_eog = self.draft_model, target.is_eog
-            busy_at_start = target.busy_seconds + (draft_model.busy_seconds if draft_model is not None else 0.0)
-            text = TextStream(target.piece, params.stop)
-            out: list[int] = []  # the output's tokens (no end-of-generation token)
-            spans: list[Span] = []
-            emitted: list[int] = []
-            from_draft: list[bool] = []
-            finish: FinishReason | None = None  # set when the request ends
-            stopped_by: str | None = None
-            stats = tally.snapshot(t_start, 0.0, None, controller)
-
+            events = generation.events
             while True:
-                if self._cancel.is_set() or (cancel is not None and cancel.is_set()):
-                    finish = "cancelled"
-                    break
-                # The verify always adds one token, so draft at most room - 1.
-                room = params.max_tokens - (len(ctx) - n_prompt)
-
-                # 1. Draft.
-                t0 = clock()
-                plan, draft = self._draft(controller, ctx, min(room - 1, max_gamma), params, rng)
-                gamma = len(draft.tokens)
-                t1 = clock()
-                # 2. Verify: one target decode of [x_{n-1}, d_1..d_γ], scored at all γ+1 positions: each row's argmax
-                #    [γ+1] when greedy, its top-k candidates [γ+1, k] when sampling.
-                scores = target.decode([ctx[-1], *draft.tokens], range(gamma + 1), readout)
-                t2 = clock()
-                # 3. Accept.
-                k, token = self._accept(ctx, draft, scores, params, rng)
-                new = [*draft.tokens[:k], token]
-                from_draft = [True] * k + [False]
-                eog = None
-                for i, t in enumerate(new):
-                    if is_eog(t):  # nothing after an end-of-generation token is output
-                        eog = i
-                        del new[i + 1 :], from_draft[i + 1 :]
-                        break
-                t3 = clock()
-                # 4. Roll back both models to the committed prefix.
-                ctx.extend(new)
-                self._roll_back(ctx)
-                # 5. Update the controller's estimates.
-                controller.observe(
-                    plan, n_drafted=gamma, n_accepted=k, t_draft=t1 - t0, t_verify=t2 - t1, committed=new
-                )
-
-                # Emit the committed tokens' text; an end-of-generation token or a stop string ends the request.
-                spans, emitted, finish, stopped_by = self._emit(new, from_draft, eog, text)
-                out.extend(emitted)
-                n_out = len(ctx) - n_prompt  # committed after the prompt, an end-of-generation token included
-                tally.add_round(gamma, k, t1 - t0, t2 - t1, t3 - t2)
-                t_llama = target.busy_seconds - busy_at_start
-                if draft_model is not None:
-                    t_llama += draft_model.busy_seconds
-                stats = tally.snapshot(t_start, t_llama, plan, controller, generated=n_out, draft_len=gamma)
-                if finish is None and n_out >= params.max_tokens:
-                    finish = "length"
-                    break  # the last chunk is held back to carry the text stream's tail
-                yield _chunk(spans, emitted, from_draft, stats)
-                if finish is not None:
-                    break
-
-            # Whatever the text stream still holds (a partial stop-string prefix, bytes of an unfinished
-            # character) is output unless a stop string consumed it.
-            tail = text.flush() if finish != "stop" else ""
-            if finish == "length":  # the last round's chunk was held back to carry the tail
-                if tail:
-                    spans.append(Span(tail, False))
-                yield _chunk(spans, emitted, from_draft, stats)
-            elif tail:
-                yield Chunk(tail, (), (), (Span(tail, False),), stats)
-            stats = replace(stats, t_total=clock() - t_start)
-            yield Finished(text=text.text, tokens=tuple(out), finish_reason=finish, stats=stats, stopped_by=stopped_by)
+                while events:
+                    event = events.popleft()
+                    if isinstance(event, BaseException):
+                        raise event
+                    yield event
+                    if isinstance(event, Finished):
+                        return
+                # No event to hand out: run the next step for everyone, or wait for the one running.
+                with self._cond:
+                    while not events and self._stepper is not None:
+                        self._cond.wait()
+                    if events:
+                        continue
+                    self._stepper = threading.current_thread()
+                try:
+                    self._step()
+                finally:
+                    self._release()
         finally:
-            # Early exit (exception, generator closed): leave both caches consistent with what is committed.
-            self._roll_back(ctx)
+            self._retire(generation)
 
-    # ----- the phases ----------------------------------------------------------------------------------------
-    def _draft(
-        self,
-        controller: RoundController,
-        ctx: list[int],
-        max_len: int,
-        params: SamplingParams,
-        rng: Uniforms,
-    ) -> tuple[Plan, Draft]:
-        lookup_draft = Draft.empty()
-        lookup = self._lookup
-        if lookup is not None and max_len > 0:
-            # Costs ~nothing, so look first, every round, and let the controller weigh what was found (it also
-            # checks the proposal against what the round commits, drafted or not).
-            lookup_draft = lookup.propose(ctx, max_len, params, None)
-        plan = controller.plan(lookup_draft.tokens)
-        gamma = min(plan.gamma, max_len)
-        if plan.drafter is None or gamma <= 0:
-            return plan, Draft.empty()
-        if plan.drafter == "lookup":
-            return plan, Draft(lookup_draft.tokens[:gamma], None)
-        return plan, self.drafters[plan.drafter].propose(ctx, gamma, params, rng)
+    def _release(self) -> None:
+        with self._cond:
+            self._stepper = None
+            self._cond.notify_all()
 
-    def _emit(
-        self, new: list[int], from_draft: list[bool], eog: int | None, text: TextStream
-    ) -> tuple[list[Span], list[int], FinishReason | None, str | None]:
-        """Text of the committed tokens, split by origin; the tokens that count as output; why to stop, if so.
+    def _admit(
+        self, prompt: list[int], params: SamplingParams, cancel: threading.Event | None, settings: _RequestSettings
+    ) -> Generation | None:
+        """Wait for a free lane (first come, first served) and take the one whose KV shares the longest prefix
+        with the prompt; the next step prefills it."""
+        me = object()
+        with self._cond:
+            self._waiting.append(me)
+            try:
+                while True:
+                    free = [lane for lane in self._lanes if not lane.busy]
+                    if free and self._waiting[0] is me:
+                        break
+                    if cancel is not None and cancel.is_set():
+                        return None
+                    if not free and all(g.owner is threading.current_thread() for g in self._active):
+                        raise EdgespecError(
+                            f"the engine is busy: its {self.parallel} lane(s) hold requests this thread has not "
+                            "finished (iterate or close them first)"
+                        )
+                    self._cond.wait(0.05)  # a lane is given back with a notify; the timeout is for `cancel`
+            finally:
+                self._waiting.remove(me)
+                self._cond.notify_all()
+            lane = max(free, key=lambda ln: common_prefix(ln.target.kv_tokens, prompt))
+            lane.busy = True
+            controller = self._controller(lane, settings)
+            lookup = lane.drafters.get("lookup") if settings.lookup else None
+            target = self.target
+            generation = Generation(
+                lane, prompt, params, controller, settings.headroom(self.max_gamma), lookup, cancel, target.is_eog,
+                target.token_text, target.piece,
+            )  # fmt: skip
+            self._active.append(generation)
+        return generation
 
-        ``eog``: the index in ``new`` of an end-of-generation token (the last one), if there is one.
-        """
-        spans: list[Span] = []
-        emitted: list[int] = []
-        for i, tok in enumerate(new):
-            if i == eog:
-                return spans, emitted, "eos", self.target.token_text(tok)
-            emitted.append(tok)
-            piece = text.feed(tok)
-            if piece:
-                spans.append(Span(piece, from_draft[i]))
-            if text.stopped_by is not None:
-                return spans, emitted, "stop", text.stopped_by
-        return spans, emitted, None, None
+    def _retire(self, generation: Generation) -> None:
+        """The request ended (or its consumer left): leave its lane's caches at what it committed, free the lane."""
+        with self._cond:
+            while self._stepper is not None:  # never under a running step's feet
+                self._cond.wait()
+            try:
+                if generation in self._active:
+                    self._active.remove(generation)
+                generation.done = True
+                if generation.prefilled:
+                    generation.lane.roll_back(generation.ctx)
+            finally:
+                generation.lane.busy = False
+                self._cond.notify_all()
 
-    @staticmethod
-    def _accept(ctx: list[int], draft: Draft, scores: Scores, params: SamplingParams, rng: Uniforms) -> Verdict:
-        # Penalties see the text so far: row i's history is the committed text plus d_1..d_{i-1}.
-        counts = windows(ctx, draft.tokens, params.repeat_last_n) if params.penalized else None
-        if params.greedy:
-            if counts is None:
-                return verify_greedy(draft.tokens, scores)  # the target's argmax per position, from llama.cpp
-            return verify_greedy(draft.tokens, _Tops(Warped(scores, params, counts)))
-        # p_1..p_{γ+1}, each warped when the verifier first reads it
-        return verify_stochastic(draft.tokens, draft.q, Warped(scores, params, counts), rng)
+    def _controller(self, lane: Lane, settings: _RequestSettings) -> RoundController:
+        if settings.draft_len == "auto":
+            if lane.auto is None:
+                lane.auto = Controller(list(lane.drafters), max_gamma=self.max_gamma, verify_cost=self._curve)
+                self._curve = lane.auto.verify_cost
+            return lane.auto
+        gamma = int(settings.draft_len)
+        name = settings.fixed_drafter if gamma else None
+        key = (name, gamma)
+        if key not in lane.fixed:
+            lane.fixed[key] = FixedController(name, gamma)
+        return lane.fixed[key]
 
-    def _calibrate(self, ctx: list[int], controller: RoundController, max_gamma: int, readout: Readout) -> None:
-        """Give the controller, once per engine, what a verify of b tokens and a draft step cost on this machine.
+    # ----- the step ------------------------------------------------------------------------------------------
+    def _step(self) -> None:
+        """One round of every request in rounds, their verifies in one target decode with the next prompt chunk of
+        every request still prefilling (call as the stepper)."""
+        for generation in self._active:
+            if not generation.done and generation.stopping:
+                generation.finish("cancelled")
+        in_rounds = [g for g in self._active if not g.done and g.prefilled]
+        prefills = self._prefill_parts([g for g in self._active if not g.done and not g.prefilled], bool(in_rounds))
+        # 1. Plan and draft, one request after another, each knowing what those before it put into the decode
+        #    (and counting those after it as plain rows, which is what they cost at least).
+        budget = getattr(self.target, "max_verify_rows", MAX_ROWS)
+        rows, tokens, seconds = 0, 0.0, 0.0
+        live: list[Generation] = []
+        for i, generation in enumerate(in_rounds):
+            later = len(in_rounds) - i - 1
+            alone = len(in_rounds) == 1
+            load = NO_LOAD if alone else Load(rows + later, tokens + later, seconds, budget - rows - later)
+            try:
+                generation.propose(load)
+            except Exception as error:  # noqa: BLE001  # this request's own failure (its draft model), not the others'
+                generation.lane.roll_back(generation.ctx)
+                generation.fail(error)
+                continue
+            assert generation.plan is not None
+            rows += generation.rows
+            tokens += generation.plan.expected
+            seconds += generation.t_draft
+            live.append(generation)
+        if not live and not prefills:
+            return
+        # 2. Verify: one decode over every request's rows (and the prompt chunks).
+        parts = [g.part() for g in live] + [part for _, part in prefills]
+        t0 = time.perf_counter()
+        try:
+            scores = self.target.decode_batch(parts) if len(parts) > 1 else [parts[0][0].decode(*parts[0][1:])]
+        except Exception as error:  # noqa: BLE001  # the decode failed for all in it: each request gets the error
+            for generation in [*live, *(g for g, _ in prefills)]:
+                if generation.prefilled:
+                    generation.lane.roll_back(generation.ctx)
+                generation.fail(error)
+            return
+        t_verify = time.perf_counter() - t0
+        for generation, _ in prefills:
+            if generation.prefill_done:
+                self._begin(generation)
+        if not live:
+            return
+        shared = len(parts) > 1
+        self.steps += 1
+        self.step_rows += rows
+        self.step_sequences += len(live)
+        if shared and not prefills:  # the decode's cost at its width, once (a prompt chunk in it is not a row's cost)
+            if self._curve is not None:
+                self._curve.add(rows, t_verify)
+            for generation in live:
+                if generation.controller is not generation.lane.auto:
+                    generation.controller.record_decode(rows, t_verify)
+        # 3.-5. Accept, roll back, update: each request on its own.
+        for generation, row_scores in zip(live, scores[: len(live)], strict=True):
+            try:
+                generation.settle(row_scores, t_verify, shared)
+            except Exception as error:  # noqa: BLE001
+                generation.lane.roll_back(generation.ctx)
+                generation.fail(error)
+
+    def _prefill_parts(self, joining: list[Generation], others_in_rounds: bool) -> list[tuple[Generation, Part]]:
+        """The next prompt chunk of each request still prefilling. Alone, a prompt goes in whole; beside requests in
+        rounds, :data:`PREFILL_CHUNK` tokens a step, so that a long prompt does not stall them. A bit-exact target
+        prefills on its own decode here: a verify must stay a small batch to round as a single step does."""
+        parts = []
+        chunk = PREFILL_CHUNK if others_in_rounds else self.target.n_batch * 64
+        for generation in joining:
+            try:
+                part = generation.prefill_part(chunk)
+                if part is None:  # the lane's KV already held the whole prompt
+                    self._begin(generation)
+                elif getattr(self.target, "bit_exact", False):
+                    part[0].decode(*part[1:])
+                    if generation.prefill_done:
+                        self._begin(generation)
+                else:
+                    parts.append((generation, part))
+            except Exception as error:  # noqa: BLE001  # its own prompt's failure
+                generation.fail(error)
+        return parts
+
+    def _begin(self, generation: Generation) -> None:
+        """The prompt is in the target's KV: bring the drafters in step, calibrate once, and start the rounds."""
+        try:
+            generation.begin_rounds()
+            lane = generation.lane
+            if generation.controller is lane.auto and generation.readout.kind != lane.calibrated_for:
+                self._calibrate(lane, generation.ctx, generation.readout)
+        except Exception as error:  # noqa: BLE001
+            generation.lane.roll_back(generation.ctx)
+            generation.fail(error)
+            return
+        generation.started()
+
+    # ----- costs ---------------------------------------------------------------------------------------------
+    def _calibrate(self, lane: Lane, ctx: list[int], readout: Readout) -> None:
+        """Give the lane's controller what a verify of b tokens and a draft step cost on this machine.
 
         A CPU's verify cost grows ~linearly with b while a GPU's is nearly flat (DESIGN.md): the controller needs
         the curve before it can choose γ well, and learning it from live rounds costs those rounds. The costs come
-        from the cost cache when this setup was measured before, else from :meth:`_measure_costs`.
+        from this engine's earlier calibration, from the cost cache when this setup was measured before, else
+        from :meth:`_measure_costs`.
         """
         # By the readout's kind: what a decode costs barely depends on k, and a key per k would measure again (~4 s)
         # for every top-k a client sends.
-        key = f"{setup_key(self.target, self.draft_model)} max_gamma={max_gamma} widths=all,2 readout={readout.kind}"
-        costs = self._cost_cache.get(key) if self._cost_cache is not None else None
+        max_gamma = self.max_gamma
+        costs = self._costs.get(readout.kind)
         if costs is None:
-            costs = self._measure_costs(ctx, max_gamma, readout)
-            if self._cost_cache is not None and max_gamma + 1 in costs.verify:  # only a complete measurement
-                self._cost_cache.put(key, costs)
-        controller.record_costs(costs.verify, costs.draft, costs.catchup)
-        self._calibrated_for = readout.kind
+            setup = setup_key(self.target, self.draft_model)
+            key = f"{setup} max_gamma={max_gamma} widths=all,2 readout={readout.kind}"
+            costs = self._cost_cache.get(key) if self._cost_cache is not None else None
+            if costs is None:
+                costs = self._measure_costs(lane, ctx, max_gamma, readout)
+                if self._cost_cache is not None and max_gamma + 1 in costs.verify:  # only a complete measurement
+                    self._cost_cache.put(key, costs)
+            self._costs[readout.kind] = costs
+        assert lane.auto is not None
+        lane.auto.record_costs(costs.verify, costs.draft, costs.catchup)
+        lane.calibrated_for = readout.kind
 
-    def _measure_costs(self, ctx: list[int], max_gamma: int, readout: Readout) -> Costs:
+    def _measure_costs(self, lane: Lane, ctx: list[int], max_gamma: int, readout: Readout) -> Costs:
         """Two decodes of every verify width at the current context position (so attention length is realistic),
         rolled back; the first request's prefill time includes them (~4 s for a 1.5B model on a 2-core CPU)."""
         # Every width, because the curve is not smooth: CPU kernels work in blocks, so a 16-token decode
@@ -327,113 +448,41 @@ class Engine:
         # the widths they use; replays with noisy timings showed that as run-to-run swings of 10 % or more).
         # The plain step, the yardstick, gets three.
         pending = ctx[-1]
+        target = lane.target
         fits = range(1, min(max_gamma + 1, self.target.n_ctx - len(ctx)) + 1)
-        verify = {b: min(time_decodes(self.target, pending, b, 3 if b == 1 else 2, readout)) for b in fits}
+        verify = {b: min(time_decodes(target, pending, b, 3 if b == 1 else 2, readout)) for b in fits}
         draft: dict[str, float] = {}
         catchup: dict[str, float] = {}
-        if self.draft_model is not None and len(ctx) + 32 <= self.draft_model.n_ctx:
-            draft["model"] = min(time_decodes(self.draft_model, pending, 1, 3, readout))
+        if lane.draft is not None and self.draft_model is not None and len(ctx) + 32 <= self.draft_model.n_ctx:
+            draft["model"] = min(time_decodes(lane.draft, pending, 1, 3, readout))
             # What bringing the draft model back after it sat out costs per missed token: a batched decode (the
             # second of two: the first builds the graph for that shape).
-            catchup["model"] = time_decodes(self.draft_model, pending, 32, 2, None)[-1] / 32
+            catchup["model"] = time_decodes(lane.draft, pending, 32, 2, None)[-1] / 32
         return Costs(verify, draft, catchup)
 
-    def _roll_back(self, ctx: Sequence[int]) -> None:
-        """Truncate every KV to the committed prefix: the target keeps ``x[0..n-1)``, drafters their share."""
-        self.target.truncate(len(ctx) - 1)
-        if len(self.target.kv_tokens) < len(ctx) - 1:
-            # A memory that cannot drop a partial sequence (recurrent models) was cleared: rebuild the prefix.
-            self.target.sync(ctx[:-1])
-        for drafter in self.drafters.values():
-            drafter.commit(ctx)
-
-    def _check_fits(self, n_prompt: int, max_tokens: int) -> None:
+    def _check_fits(self, n_prompt: int, max_tokens: int, headroom: int | None = None) -> None:
         # The verify batch can reach γ tokens past the last committed one before the rollback.
-        need = n_prompt + max_tokens + self.headroom
+        headroom = self.headroom if headroom is None else headroom
+        need = n_prompt + max_tokens + headroom
         limits = [("target", self.target.n_ctx)]
         if self.draft_model is not None:
             limits.append(("draft", self.draft_model.n_ctx))
         for role, n_ctx in limits:
             if need > n_ctx:
                 raise ContextOverflowError(
-                    f"prompt ({n_prompt} tokens) + max_tokens ({max_tokens}) + draft headroom ({self.headroom}) "
+                    f"prompt ({n_prompt} tokens) + max_tokens ({max_tokens}) + draft headroom ({headroom}) "
                     f"= {need} tokens exceeds the {role} context of {n_ctx}; shorten the prompt, lower "
                     f"max_tokens, or load with a larger n_ctx"
                 )
 
 
-class _Tally:
-    """A request's running counts and times, kept mutable so a round costs additions, not a dataclass copy; each
-    event carries a :class:`Stats` snapshot of them."""
+@dataclass(frozen=True)
+class _RequestSettings:
+    """The engine's settings as one request started with them (a request may override them)."""
 
-    def __init__(self, prompt_tokens: int, max_gamma: int, sampling_path: str) -> None:
-        self.prompt_tokens = prompt_tokens
-        self.sampling_path = sampling_path
-        self.prefilled = 0
-        self.t_prefill = 0.0
-        self.rounds = self.drafted = self.accepted = 0
-        self.t_draft = self.t_verify = self.t_sample = 0.0
-        self.hist = [0] * (max_gamma + 1)  # hist[k]: rounds that accepted k drafts
+    draft_len: int | str
+    fixed_drafter: str | None
+    lookup: bool
 
-    def add_round(self, gamma: int, k: int, t_draft: float, t_verify: float, t_sample: float) -> None:
-        self.rounds += 1
-        self.drafted += gamma
-        self.accepted += k
-        self.hist[k] += 1
-        self.t_draft += t_draft
-        self.t_verify += t_verify
-        self.t_sample += t_sample
-
-    def snapshot(
-        self,
-        t_start: float,
-        t_llama: float,
-        plan: Plan | None,
-        controller: RoundController,
-        *,
-        generated: int = 0,
-        draft_len: int = 0,
-    ) -> Stats:
-        return Stats(
-            prompt_tokens=self.prompt_tokens,
-            prefilled_tokens=self.prefilled,
-            generated=generated,
-            rounds=self.rounds,
-            drafted=self.drafted,
-            accepted=self.accepted,
-            t_prefill=self.t_prefill,
-            t_draft=self.t_draft,
-            t_verify=self.t_verify,
-            t_sample=self.t_sample,
-            t_total=time.perf_counter() - t_start,
-            t_llama=t_llama,
-            accepted_per_round=tuple(self.hist),
-            drafter=(plan.drafter or "none") if plan is not None else "none",
-            draft_len=draft_len,
-            decision=plan.reason if plan is not None else "",
-            plain_tokens_per_second=controller.plain_tokens_per_second,
-            sampling_path=self.sampling_path,
-        )
-
-
-class _Tops(Sequence[int]):
-    """The mode of each warped row, when the greedy verifier reaches it (it stops at the first mismatch)."""
-
-    def __init__(self, rows: Warped) -> None:
-        self._rows = rows
-
-    def __len__(self) -> int:
-        return len(self._rows)
-
-    def __getitem__(self, i: int) -> int:  # type: ignore[override]  # rows only, no slices
-        return self._rows[i].top
-
-
-def _chunk(spans: list[Span], emitted: list[int], from_draft: list[bool], stats: Stats) -> Chunk:
-    return Chunk(
-        text=spans[0].text if len(spans) == 1 else "".join([s.text for s in spans]),
-        tokens=tuple(emitted),
-        from_draft=tuple(from_draft[: len(emitted)]),
-        spans=tuple(spans),
-        stats=stats,
-    )
+    def headroom(self, max_gamma: int) -> int:
+        return self.draft_len if isinstance(self.draft_len, int) else max_gamma

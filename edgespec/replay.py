@@ -73,10 +73,7 @@ class Replay:
 
     def decode(self, tokens: Sequence[int], rows: Sequence[int] = (), readout: Readout = LOGITS) -> Scores:
         model, start = self._model, len(self.kv_tokens)
-        model._check(start, tokens, rows, readout)
-        done = 0
-        for lo in range(0, len(tokens), model.n_batch):  # the batches llama.cpp would have been given
-            done += len(model._fill(tokens, lo, start, rows, done))
+        model.rehearse(tokens, rows, readout, start)  # the checks and the batches llama.cpp would have been given
         t0 = time.perf_counter()
         if not len(rows):
             out: Any = self._empty

@@ -26,6 +26,7 @@ class FakeModel:
         n_ctx: int = 256,
         sharp: float = 2.0,
         eos_bias: float = -4.0,
+        n_seq: int = 1,
     ) -> None:
         self.n_vocab = n_vocab
         self.n_ctx = n_ctx
@@ -42,6 +43,22 @@ class FakeModel:
         self.name = f"fake-{seed}"
         self.path = self.name
         self.n_gpu_layers = 0
+        self.description = f"fake {n_vocab}-token model"
+        self.placement = "CPU"
+        self.bit_exact = False
+        self.n_params = 0
+        # Sequences as the real Model has them: slot 0 is the model itself, the others share its rows
+        self.slots = [self] + [FakeSlot(self, i) for i in range(1, n_seq)]
+        self.batches: list[list[int]] = []  # the rows of each part of each batched decode
+
+    @property
+    def n_seq(self) -> int:
+        return len(self.slots)
+
+    def decode_batch(self, parts) -> list[Scores]:
+        """Each part decoded on its own sequence (rows depend on the prefix only); the batch is recorded."""
+        self.batches.append([len(rows) for _, _, rows, _ in parts])
+        return [slot.decode(tokens, rows, readout) for slot, tokens, rows, readout in parts]
 
     sync = Model.sync  # the real prefix-reuse logic, on the fake's decode/truncate
 
@@ -72,13 +89,16 @@ class FakeModel:
         return row
 
     def decode(self, tokens: Sequence[int], rows: Sequence[int] = (), readout: Readout = LOGITS) -> Scores:
+        return self._decode_on(self, tokens, rows, readout)
+
+    def _decode_on(self, seq, tokens: Sequence[int], rows: Sequence[int], readout: Readout) -> Scores:
         """The real Model's contract: scores of ``rows`` as ``readout`` asks (top-k candidates in no particular
         order, as llama.cpp's in-graph top-k leaves them: here rotated by a step that changes every decode)."""
-        if len(self.kv_tokens) + len(tokens) > self.n_ctx:
+        if len(seq.kv_tokens) + len(tokens) > self.n_ctx:
             raise AssertionError("fake context overflow")
-        start = list(self.kv_tokens)
+        start = list(seq.kv_tokens)
         scored = [self._row(start + list(tokens[: i + 1])) for i in rows]
-        self.kv_tokens.extend(tokens)
+        seq.kv_tokens.extend(tokens)
         self.decode_calls.append((len(tokens), len(scored)))
         self.readouts.append(readout)
         if readout.kind == "argmax":
@@ -94,11 +114,8 @@ class FakeModel:
     def readout_path(self, readout: Readout) -> str:
         return readout.path
 
-    def _check(self, start: int, tokens: Sequence[int], rows: Sequence[int], readout: Readout) -> None:
-        """The real Model's pre-decode checks (a replay runs them); the fake has no batch to fill."""
-
-    def _fill(self, tokens: Sequence[int], lo: int, start: int, rows: Sequence[int], done: int) -> list[int]:
-        return []
+    def rehearse(self, tokens: Sequence[int], rows: Sequence[int], readout: Readout, start: int) -> None:
+        """The real Model's checks and batch filling (a replay runs them); the fake has no batch to fill."""
 
     def truncate(self, n_keep: int) -> None:
         del self.kv_tokens[n_keep:]
@@ -114,3 +131,23 @@ class FakeModel:
 
     def token_text(self, token: int) -> str:
         return "</s>" if token == EOS else self.piece(token).decode()
+
+
+class FakeSlot:
+    """Sequence ``seq_id`` of a :class:`FakeModel`: its own KV, the model's rows."""
+
+    def __init__(self, model: FakeModel, seq_id: int) -> None:
+        self.model = model
+        self.seq_id = seq_id
+        self.kv_tokens: list[int] = []
+
+    def decode(self, tokens: Sequence[int], rows: Sequence[int] = (), readout: Readout = LOGITS) -> Scores:
+        return self.model._decode_on(self, tokens, rows, readout)
+
+    def truncate(self, n_keep: int) -> None:
+        del self.kv_tokens[n_keep:]
+
+    sync = Model.sync
+
+    def __getattr__(self, name: str):
+        return getattr(self.model, name)

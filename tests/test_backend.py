@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import llama_cpp
 import numpy as np
 import pytest
 
@@ -133,10 +134,60 @@ def test_an_interrupted_decode_leaves_the_kv_as_it_was(tiny: Model, monkeypatch)
     def interrupted(*_args) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(tiny, "_read", interrupted)
+    monkeypatch.setattr(llama_cpp, "llama_get_logits_ith", interrupted)
     with pytest.raises(KeyboardInterrupt):
         tiny.decode(prompt[-1:], [0])
     monkeypatch.undo()
     assert tiny.kv_tokens == prompt[:-1]
     np.testing.assert_array_equal(tiny.decode(prompt[-1:], [0]), expected)  # at the right position, and it works
     tiny.truncate(0)
+
+
+@pytest.fixture(scope="module")
+def tiny3(tiny_model_path):
+    model = Model(tiny_model_path, n_ctx=256, n_batch=16, n_seq=3)
+    yield model
+    model.close()
+
+
+def test_sequences_decoded_together_score_as_each_alone(tiny3: Model) -> None:
+    # Three prompts in one batched decode (split over n_batch=16), each with its own readout, against each decoded
+    # alone on sequence 0: the same rows, whichever sequences share the batch.
+    prompts = [tiny3.tokenize(t) for t in ("The capital of France is", "def add(a, b):\n    return", "1, 2, 3,")]
+    readouts = [LOGITS, ARGMAX, Readout("top_k", 5)]
+    alone = []
+    for prompt, readout in zip(prompts, readouts, strict=True):
+        tiny3.truncate(0)
+        alone.append(tiny3.decode(prompt, range(len(prompt) - 2, len(prompt)), readout))
+    tiny3.truncate(0)
+    after = tiny3.decode([*prompts[2], 7], [len(prompts[2])], ARGMAX)
+    tiny3.truncate(0)
+    for slot in tiny3.slots:
+        slot.truncate(0)
+    together = tiny3.decode_batch(
+        [(slot, p, range(len(p) - 2, len(p)), r) for slot, p, r in zip(tiny3.slots, prompts, readouts, strict=True)]
+    )
+    assert np.allclose(together[0], alone[0], atol=1e-3)
+    assert together[1] == alone[1]
+    assert isinstance(together[2], Candidates)
+    assert [sorted(ids) for ids in together[2].ids] == [sorted(ids) for ids in alone[2].ids]
+    assert [slot.kv_tokens for slot in tiny3.slots] == prompts
+    # Each sequence rolls back on its own; the others keep their cells.
+    tiny3.slots[1].truncate(2)
+    tiny3.slots[0].truncate(0)
+    assert tiny3.slots[2].decode([7], [0], ARGMAX) == after
+    for slot in tiny3.slots:
+        slot.truncate(0)
+
+
+def test_a_batch_llama_cpp_would_abort_on_is_refused_first(tiny3: Model) -> None:
+    slot = tiny3.slots[0]
+    slot.truncate(0)
+    with pytest.raises(ValueError, match="own sequence"):
+        tiny3.decode_batch([(slot, [1], [0], LOGITS), (slot, [2], [0], LOGITS)])
+    with pytest.raises(ValueError, match="rows in one decode"):
+        tiny3.decode_batch([(s, [1] * 40, range(40), ARGMAX) for s in tiny3.slots[:2]])
+    assert [s.kv_tokens for s in tiny3.slots] == [[], [], []]
+    with pytest.raises(ContextOverflowError):
+        tiny3.decode_batch([(tiny3.slots[1], [1] * (tiny3.n_ctx + 1), (), LOGITS)])
+    assert tiny3.n_ctx >= 256  # each sequence has the context asked for, not a third of it

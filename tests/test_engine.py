@@ -186,7 +186,7 @@ def test_the_engine_level_checks_reject_a_biased_verifier(
     biased, gamma: int, drafter: str, path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The same checks, sample size and α as the exactness test above, with a biased verifier in the engine."""
-    monkeypatch.setattr("edgespec.engine.verify_stochastic", biased)
+    monkeypatch.setattr("edgespec.generation.verify_stochastic", biased)
     _, _, checks = engine_checks(gamma, drafter, path)
     assert worst(checks).ratio > MARGIN, f"{biased.__name__} passed: {checks}"
 
@@ -224,7 +224,7 @@ def test_penalized_output_has_the_targets_penalized_distribution(penalty: str, d
 @pytest.mark.exactness
 def test_the_penalty_checks_reject_rows_penalised_without_the_drafts_before_them(monkeypatch) -> None:
     """The mistake to guard against: every row of a verify penalised with the committed text only."""
-    monkeypatch.setattr("edgespec.engine.windows", lambda ctx, draft, n: [window(ctx, [], n)] * (len(draft) + 1))
+    monkeypatch.setattr("edgespec.generation.windows", lambda ctx, draft, n: [window(ctx, [], n)] * (len(draft) + 1))
     _, _, checks = penalized_checks("repeat", "model")
     assert worst(checks).ratio > MARGIN, checks
 

@@ -241,6 +241,41 @@ def test_bit_exact_greedy_speculation_is_token_identical_to_plain_decoding(
 
 
 @pytest.mark.slow
+def test_bit_exact_greedy_requests_running_together_each_equal_their_solo_plain_decoding(
+    qwen_target_path, qwen_draft_path, bit_exact_plain
+) -> None:
+    """Four requests from four threads at once on a bit-exact pair loaded for four sequences, auto drafting: their
+    rounds share the target's decodes (a bit-exact decode carries at most 7 rows in all, so each keeps rounding as a
+    single step does), and each output equals that prompt's plain decoding alone, token for token."""
+    target = Model(qwen_target_path, n_ctx=1024, bit_exact=True, n_seq=4)
+    draft = Model(qwen_draft_path, n_ctx=1024, n_seq=4)
+    try:
+        engine = Engine(target, draft, draft_len="auto")
+        params = SamplingParams(temperature=0, max_tokens=128)
+        prompts = BIT_EXACT_PROMPTS[:4]
+        results: dict[int, object] = {}
+
+        def work(i: int) -> None:
+            try:
+                results[i] = finish(engine.stream(target.tokenize(prompts[i]), params))
+            except BaseException as error:  # noqa: BLE001  # reported below
+                results[i] = error
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=600)
+        for i, plain in enumerate(bit_exact_plain[:4]):
+            assert isinstance(results[i], Finished), results[i]
+            assert results[i].tokens == plain.tokens, f"diverged beside other requests on {prompts[i][:40]!r}"
+        assert engine.step_sequences > engine.steps  # decodes were shared
+    finally:
+        target.close()
+        draft.close()
+
+
+@pytest.mark.slow
 def test_bit_exact_greedy_with_a_repeat_penalty_is_token_identical_to_plain_decoding(
     qwen_bit_exact_pair, bit_exact_plain
 ) -> None:

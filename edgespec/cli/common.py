@@ -247,7 +247,7 @@ def load_options(opts: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def load_runtime(opts: dict[str, Any], *, quiet: bool = False):
+def load_runtime(opts: dict[str, Any], *, quiet: bool = False, parallel: int = 1):
     """Load the models the options name, with a progress bar per model on a terminal."""
     from tqdm import tqdm
 
@@ -275,13 +275,21 @@ def load_runtime(opts: dict[str, Any], *, quiet: bool = False):
 
     try:
         runtime = load(
-            target, draft, draft_len=draft_len, progress=progress, show_fetch_progress=not quiet, **load_options(opts)
+            target,
+            draft,
+            draft_len=draft_len,
+            parallel=parallel,
+            progress=progress,
+            show_fetch_progress=not quiet,
+            **load_options(opts),
         )
     finally:
         for bar in bars.values():
             bar.close()
     if runtime.draft_choice is not None:
         click.echo(runtime.draft_choice, err=True)
+    if runtime.parallel_note is not None:
+        click.echo(runtime.parallel_note, err=True)
     if not quiet:
         click.echo(describe_load(runtime), err=True)
     return runtime

@@ -23,11 +23,21 @@ from edgespec.server.settings import ServerSettings, is_loopback
     "Also read from $EDGESPEC_API_KEY, which keeps it out of the process list.",
 )
 @click.option(
+    "--parallel",
+    default=4,
+    show_default=True,
+    type=click.IntRange(1, 16),
+    help="Requests generated at once, their rounds sharing each decode (each with --n-ctx of its own context; "
+    "fewer when their KV cache does not fit the free memory, said at start). Speculation backs off as they fill "
+    "the batch.",
+)
+@click.option(
     "--max-queue",
     default=8,
     show_default=True,
     type=click.IntRange(min=0),
-    help="Requests that may wait behind the running one; more get a 503 with Retry-After.",
+    help="Requests that may wait for a free slot beyond the --parallel running ones; more get a 503 with "
+    "Retry-After.",
 )
 @click.option(
     "--cors-origin",
@@ -36,12 +46,24 @@ from edgespec.server.settings import ServerSettings, is_loopback
     metavar="ORIGIN",
     help="Let browser pages from ORIGIN call the API (repeatable; '*' for any). Off by default.",
 )
-def serve(host: str, port: int, alias: str | None, api_key: str | None, max_queue: int, cors_origins, **opts: Any):
+def serve(
+    host: str,
+    port: int,
+    alias: str | None,
+    api_key: str | None,
+    parallel: int,
+    max_queue: int,
+    cors_origins,
+    **opts: Any,
+):
     """Serve the models over an OpenAI-compatible HTTP API (chat and text completions, streaming).
 
-    Requests run one at a time; up to --max-queue more wait in order. Responses carry llama-server's `timings` and
-    a `speculation` report (drafters used, acceptance, and why speculation did not run when it did not).
-    Sampling defaults are llama.cpp's; a request may set draft_len and lookup (the openai client's extra_body).
+    Up to --parallel requests run at once, their rounds verified in the same target decode, each with its own
+    speculation (which backs off where a fuller batch leaves no spare compute); up to --max-queue more wait in
+    order, and a new request takes the slot whose cache shares the longest prefix with its prompt. Responses carry
+    llama-server's `timings` and a `speculation` report (drafters used, acceptance, and why speculation did not
+    run when it did not). Sampling defaults are llama.cpp's; a request may set draft_len and lookup (the openai
+    client's extra_body).
 
     \b
     edgespec serve --pair qwen2.5-coder --port 8080
@@ -64,7 +86,7 @@ def serve(host: str, port: int, alias: str | None, api_key: str | None, max_queu
     from edgespec.server import create_app
 
     app = create_app(
-        lambda: load_runtime(opts),
+        lambda: load_runtime(opts, parallel=parallel),
         ServerSettings(alias=alias, api_key=api_key, max_queue=max_queue, cors_origins=tuple(cors_origins)),
     )
     server = uvicorn.Server(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=5))

@@ -53,10 +53,26 @@ class Plan:
     drafter: str | None  # "model", "lookup", or None (= plain decoding, γ=0)
     gamma: int  # tokens to draft/verify (0 iff drafter is None)
     reason: str = ""  # short human text: the estimates behind the choice
+    expected: float = 1.0  # the tokens the round is expected to commit (what the next sequence's Load counts)
 
     def __post_init__(self) -> None:
         if self.gamma < 0 or (self.drafter is None) != (self.gamma == 0):
             raise ValueError(f"a plan drafts (drafter set, gamma > 0) or not (None, 0); got {self!r}")
+
+
+@dataclass(frozen=True)
+class Load:
+    """What the other sequences put into the same target decode, as planned so far this step: their rows, the
+    tokens they are expected to commit, and the seconds their drafting adds; ``room``: the rows this sequence may
+    add (the decode's row budget less theirs). A lone sequence plans against :data:`NO_LOAD`."""
+
+    rows: int = 0
+    tokens: float = 0.0
+    seconds: float = 0.0
+    room: int = 1 << 30
+
+
+NO_LOAD = Load()
 
 
 class RoundController(Protocol):
@@ -64,7 +80,7 @@ class RoundController(Protocol):
 
     max_gamma: int
 
-    def plan(self, lookup: Sequence[int] = ()) -> Plan: ...
+    def plan(self, lookup: Sequence[int] = (), load: Load = NO_LOAD) -> Plan: ...
 
     def observe(
         self,
@@ -75,6 +91,7 @@ class RoundController(Protocol):
         t_draft: float,
         t_verify: float,
         committed: Sequence[int] = (),
+        record_verify: bool = True,
     ) -> None: ...
 
     @property
@@ -274,6 +291,7 @@ class Controller:
         max_backoff: int = 3,
         catchup_allowance: float = 0.05,
         min_gain: float = 0.03,
+        verify_cost: VerifyCost | None = None,
     ) -> None:
         if max_gamma < 1 or probe_gamma < 1:
             raise ValueError("max_gamma and probe_gamma must be >= 1")
@@ -287,7 +305,9 @@ class Controller:
         self.max_backoff = max_backoff
         self.catchup_allowance = catchup_allowance
         self.min_gain = min_gain
-        self._verify = VerifyCost(cost_decay, verify_slope_prior, optimism)
+        # The target's decode cost is the machine's, not a sequence's: the controllers of an engine's sequences
+        # share one curve (``verify_cost``), and each keeps its own acceptance evidence.
+        self._verify = verify_cost if verify_cost is not None else VerifyCost(cost_decay, verify_slope_prior, optimism)
         self._state = {
             d: _DrafterState(
                 Acceptance(alpha_prior, prior_weight, alpha_decay),
@@ -338,18 +358,28 @@ class Controller:
             return float(first[0]) if len(first) else 0.0
         return self._state[drafter].acceptance.alpha
 
-    def plan(self, lookup: Sequence[int] = ()) -> Plan:
-        """``lookup``: what the lookup drafter proposes at this position (it is checked whatever the plan)."""
+    @property
+    def verify_cost(self) -> VerifyCost:
+        """The curve of target decode costs this controller plans with (shared by an engine's sequences)."""
+        return self._verify
+
+    def plan(self, lookup: Sequence[int] = (), load: Load = NO_LOAD) -> Plan:
+        """``lookup``: what the lookup drafter proposes at this position (it is checked whatever the plan).
+        ``load``: what the other sequences put into the same decode. The choice then maximises the whole batch's
+        expected tokens per second: on a GPU, whose decode costs about the same up to many rows, a lone
+        sequence drafts long and a full batch does not; on a CPU, whose cost grows with every row, it barely
+        changes."""
         if self._lookup is not None:
             self._lookup.offer(lookup)
-        curve = self._verify.curve(self.max_gamma + 1)
+        curve = self._verify.curve(load.rows + self.max_gamma + 1)
         if curve is None or self._verify.measured(1) is None:
             return Plan(None, 0, "measuring the plain decode cost")
-        caps = {d: self._cap(d, len(lookup)) for d in self.drafters}
-        plain = _Option(None, 0, 1.0 / curve[1], 1.0, curve[1])
+        caps = {d: max(min(self._cap(d, len(lookup)), load.room - 1), 0) for d in self.drafters}
+        seconds = curve[load.rows + 1] + load.seconds
+        plain = _Option(None, 0, (1.0 + load.tokens) / seconds, 1.0 + load.tokens, seconds)
         best_draft: _Option | None = None
         for d, cap in caps.items():
-            option = self._option(d, range(1, cap + 1), curve)
+            option = self._option(d, range(1, cap + 1), curve, load=load)
             if option is not None and (best_draft is None or option.rate > best_draft.rate):
                 best_draft = option
         # Drafting must promise a margin over plain: the estimates are noisy, and the best of several noisy
@@ -368,16 +398,16 @@ class Controller:
                 st.backoff = min(st.backoff + 1, self.max_backoff)
             self._probing = None
 
-        probe = self._pick_probe(best, caps, curve)
+        probe = self._pick_probe(best, caps, curve, load)
         if probe is not None:
             self._probing = probe.drafter
-            return Plan(probe.drafter, probe.gamma, "probe " + self._describe(probe, plain))
+            return Plan(probe.drafter, probe.gamma, "probe " + self._describe(probe, plain), probe.tokens - load.tokens)
         if best is plain:
             why = f"plain est {plain.rate:.1f} tok/s"
             if best_draft is not None:
                 why += f"; best draft {self._describe(best_draft, None)}"
             return Plan(None, 0, why)
-        return Plan(best.drafter, best.gamma, self._describe(best, plain))
+        return Plan(best.drafter, best.gamma, self._describe(best, plain), best.tokens - load.tokens)
 
     def observe(
         self,
@@ -388,11 +418,15 @@ class Controller:
         t_draft: float,
         t_verify: float,
         committed: Sequence[int] = (),
+        record_verify: bool = True,
     ) -> None:
-        """What the round did. ``committed``: the tokens it committed, which settle lookup's proposals."""
+        """What the round did. ``committed``: the tokens it committed, which settle lookup's proposals.
+        ``record_verify=False``: the verify was shared with other sequences, and the engine records its cost
+        once, at its width, with :meth:`record_decode`."""
         if not 0 <= n_accepted <= n_drafted:
             raise ValueError(f"need 0 <= n_accepted <= n_drafted, got {n_accepted}, {n_drafted}")
-        self._verify.add(n_drafted + 1, t_verify)
+        if record_verify:
+            self._verify.add(n_drafted + 1, t_verify)
         if self._lookup is not None:
             self._lookup.commit(committed)
         used = plan.drafter
@@ -412,6 +446,10 @@ class Controller:
                 other.gap += n_accepted + 1
                 other.credit += self.explore / 2**other.backoff * spent
 
+    def record_decode(self, rows: int, seconds: float) -> None:
+        """A target decode of ``rows`` rows, shared by several sequences, took ``seconds``."""
+        self._verify.add(rows, seconds)
+
     # ----- internals -------------------------------------------------------------------------------------
     def _cap(self, drafter: str, lookup_len: int) -> int:
         return min(self.max_gamma, max(lookup_len, 0)) if drafter == LOOKUP else self.max_gamma
@@ -428,9 +466,10 @@ class Controller:
         curve: list[float],
         cost: float | None = None,
         alpha: float | None = None,
+        load: Load = NO_LOAD,
     ) -> _Option | None:
         """The fastest of drafting γ in ``gammas`` with ``drafter`` (None if its cost is unknown); ``alpha``
-        replaces a draft model's acceptance estimate."""
+        replaces a draft model's acceptance estimate. Rates are the batch's: ``load``'s tokens and seconds in."""
         cost = self._draft_cost(drafter) if cost is None else cost
         if cost is None or not gammas:
             return None
@@ -450,15 +489,15 @@ class Controller:
                 switch = st.gap * excess
         best = None
         for gamma in gammas:
-            tokens = float(expected[gamma])
-            seconds = curve[gamma + 1] + gamma * cost + switch
+            tokens = float(expected[gamma]) + load.tokens
+            seconds = curve[load.rows + gamma + 1] + gamma * cost + switch + load.seconds
             if best is None or tokens / seconds > best[0]:
                 best = (tokens / seconds, gamma, tokens, seconds)
         assert best is not None
         rate, gamma, tokens, seconds = best
         return _Option(drafter, gamma, rate, tokens, seconds)
 
-    def _pick_probe(self, best: _Option, caps: dict[str, int], curve: list[float]) -> _Option | None:
+    def _pick_probe(self, best: _Option, caps: dict[str, int], curve: list[float], load: Load) -> _Option | None:
         """The idle drafter whose credit covers a short draft's expected loss with the most to spare."""
         chosen, spare = None, -math.inf
         for d, cap in caps.items():
@@ -472,11 +511,11 @@ class Controller:
                 # Pointless where even a drafter that is nearly always right would lose (a draft model on a CPU,
                 # where its steps and the wide verify cost more than the tokens they save). Not "always right":
                 # no draft model is, and at α=1 a 15-token draft would just break even on the dev CPU.
-                ceiling = self._option(d, range(1, cap + 1), curve, cost, alpha=PROBE_CEILING_ALPHA)
+                ceiling = self._option(d, range(1, cap + 1), curve, cost, alpha=PROBE_CEILING_ALPHA, load=load)
                 if ceiling is not None and ceiling.rate <= best.rate:
                     continue
             gamma = min(self.probe_gamma, cap)
-            option = self._option(d, range(gamma, gamma + 1), curve, curve[1] if cost is None else cost)
+            option = self._option(d, range(gamma, gamma + 1), curve, curve[1] if cost is None else cost, load=load)
             assert option is not None
             # A probe pays its whole catch-up: the allowance that keeps a drafter in the game when it is chosen
             # on its merits is no reason to spend exploration on it.
@@ -549,7 +588,13 @@ class FixedController:
         if 1 in verify:
             self._plain.add(verify[1])
 
-    def plan(self, lookup: Sequence[int] = ()) -> Plan:
+    def plan(self, lookup: Sequence[int] = (), load: Load = NO_LOAD) -> Plan:
+        """The fixed plan, whatever the load; only the decode's row budget (``load.room``) can shorten it."""
+        if load.room <= self.gamma:
+            gamma = min(len(lookup), load.room - 1) if self.drafter == LOOKUP else load.room - 1
+            if gamma <= 0:
+                return Plan(None, 0, "fixed: no rows left in this decode")
+            return Plan(self.drafter, gamma, f"fixed: {self.drafter} γ={gamma} (rows left in this decode)")
         if self.drafter != LOOKUP or len(lookup) >= self.gamma:
             return self._plan
         if not lookup:
@@ -565,6 +610,12 @@ class FixedController:
         t_draft: float,
         t_verify: float,
         committed: Sequence[int] = (),
+        record_verify: bool = True,
     ) -> None:
-        if n_drafted == 0:
+        if n_drafted == 0 and record_verify:
             self._plain.add(t_verify)
+
+    def record_decode(self, rows: int, seconds: float) -> None:
+        """A shared decode: the plain rate this reports is a lone sequence's, so only 1-row decodes count."""
+        if rows == 1:
+            self._plain.add(seconds)

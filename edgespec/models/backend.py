@@ -18,7 +18,7 @@ import ctypes
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -262,8 +262,125 @@ def _emulate(readout: Readout, logits: np.ndarray) -> Scores:
     return logits
 
 
+def sync(kv, tokens: Sequence[int]) -> int:
+    """Make ``kv``'s cache (a model's sequence 0, a slot, or a stand-in with their verbs) hold ``tokens`` exactly,
+    reusing the longest common prefix. Returns the number of tokens decoded."""
+    common = common_prefix(kv.kv_tokens, tokens)
+    kv.truncate(common)
+    rest = tokens[common:]
+    if rest:
+        kv.decode(rest)
+    return len(rest)
+
+
+class Slot:
+    """One sequence of a :class:`Model`'s context: its own KV (positions from 0), its own backend sampler chain.
+
+    A slot speaks the model's verbs for its sequence (``decode``, ``truncate``, ``sync``, ``kv_tokens``); the rest
+    (vocabulary, text, limits, ``busy_seconds``) is the model's. Several slots decode together through
+    :meth:`Model.decode_batch`.
+    """
+
+    def __init__(self, model: Model, seq_id: int) -> None:
+        self.model = model
+        self.seq_id = seq_id
+        self.kv_tokens: list[int] = []
+        self._chain = None  # the backend sampler chain installed on this sequence, if any
+        self._readout = LOGITS  # what llama.cpp's graph hands back for this sequence now
+
+    def decode(self, tokens: Sequence[int], rows: Sequence[int] = (), readout: Readout = LOGITS) -> Scores:
+        return self.model.decode_batch(((self, tokens, rows, readout),))[0]
+
+    def truncate(self, n_keep: int) -> None:
+        """Roll back: drop this sequence's KV at positions >= ``n_keep``."""
+        if n_keep < len(self.kv_tokens):
+            model = self.model
+            if not llama_cpp.llama_memory_seq_rm(model._mem, self.seq_id, n_keep, -1):
+                # Some memory types (recurrent models) cannot drop a partial sequence: start over.
+                llama_cpp.llama_memory_seq_rm(model._mem, self.seq_id, -1, -1)
+                del self.kv_tokens[:]
+                return
+            del self.kv_tokens[n_keep:]
+
+    sync = sync
+
+    def __getattr__(self, name: str):
+        return getattr(self.model, name)
+
+    def _check(self, tokens: Sequence[int], rows: Sequence[int], readout: Readout, start: int | None = None) -> None:
+        """Refuse a decode that cannot run (context, rows) and install the sampler chain ``readout`` needs."""
+        model = self.model
+        start = len(self.kv_tokens) if start is None else start
+        if start + len(tokens) > model.n_ctx:
+            raise ContextOverflowError(
+                f"{model.name}: {start + len(tokens)} tokens do not fit the context of {model.n_ctx}"
+            )
+        if len(rows):
+            if not _ascending_within(rows, len(tokens)):
+                raise ValueError(
+                    f"rows {list(rows)} must be at most {MAX_ROWS} ascending indices into the {len(tokens)} tokens "
+                    "decoded"
+                )
+            # A request's readout is one object: compared once per request. A refused one is emulated (decode).
+            if readout is not self._readout and not (model._refused and readout in model._refused):
+                self._use(readout)  # may find that llama.cpp refuses it: then read whole rows and select here
+
+    def _use(self, readout: Readout) -> None:
+        """Install the backend sampler chain that produces ``readout`` (none for whole logits rows)."""
+        if readout == self._readout:
+            self._readout = readout  # the same readout: decodes of this request compare by identity
+            return
+        model = self.model
+        chain = None
+        if readout.kind != "logits":
+            # A chain is bound to the graph it is installed in: llama.cpp initialises it once, so every switch
+            # builds a new one (a chain is a few bytes; switches happen per request at most).
+            chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+            step = (
+                llama_cpp.llama_sampler_init_greedy()
+                if readout.kind == "argmax"
+                else llama_cpp.llama_sampler_init_top_k(readout.k)
+            )
+            llama_cpp.llama_sampler_chain_add(chain, step)
+        installed = llama_cpp.llama_set_sampler(model._ctx, self.seq_id, chain)
+        if self._chain is not None:  # replaced: llama.cpp no longer refers to it
+            llama_cpp.llama_sampler_free(self._chain)
+            self._chain = None
+        if not installed:
+            # This backend cannot run the chain in its graph: read whole rows and select from them here.
+            log.warning("%s: llama.cpp cannot sample '%s' in its graph; reading whole logits rows", model.name, readout)
+            model._refused.add(readout)
+            llama_cpp.llama_set_sampler(model._ctx, self.seq_id, None)
+            if chain is not None:
+                llama_cpp.llama_sampler_free(chain)
+            self._readout = LOGITS
+            return
+        self._chain = chain
+        self._readout = readout
+
+    def _release_chain(self) -> None:
+        if self.model._ctx:
+            llama_cpp.llama_set_sampler(self.model._ctx, self.seq_id, None)
+        if self._chain is not None:
+            llama_cpp.llama_sampler_free(self._chain)
+            self._chain = None
+
+
+# What one sequence adds to a batched decode: (slot, tokens, rows, readout), as for Model.decode.
+Part = tuple[Slot, Sequence[int], Sequence[int], Readout]
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """The length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
 class Model:
-    """A loaded GGUF model with one KV cache.
+    """A loaded GGUF model with one KV cache (``n_seq`` sequences in it, each a :class:`Slot`).
 
     ``n_gpu_layers``: layers to offload (-1 = all, 0 = CPU only; ignored by a CPU-only build).
     ``bit_exact``: every logit of a verify batch computed exactly as a single-token decode computes it, so that
@@ -285,9 +402,12 @@ class Model:
         n_threads: int | None = None,
         n_batch: int = 512,
         bit_exact: bool = False,
+        n_seq: int = 1,
         progress: LoadProgress | None = None,
     ) -> None:
         _init_backend()
+        if n_seq < 1:
+            raise ValueError(f"n_seq must be >= 1, got {n_seq}")
         self.path = Path(path)
         if not self.path.is_file():
             raise ModelError(f"model file not found: {self.path}")
@@ -298,7 +418,6 @@ class Model:
         self._model = None
         self._ctx = None
         self._batch = None
-        self._chain = None  # the backend sampler chain installed on sequence 0, if any
         self._refused: set[Readout] = set()  # readouts llama.cpp could not run in its graph (emulated here)
 
         model_params = llama_cpp.llama_model_default_params()
@@ -320,10 +439,13 @@ class Model:
 
         ctx_params = llama_cpp.llama_context_default_params()
         self.n_batch = max(1, min(n_batch, n_ctx))
-        ctx_params.n_ctx = n_ctx
+        # Each sequence gets n_ctx cells of its own (kv_unified off: llama.cpp splits the context evenly), so a
+        # request's limit does not depend on what the others hold.
+        ctx_params.n_ctx = n_ctx * n_seq
         ctx_params.n_batch = self.n_batch
         ctx_params.n_ubatch = self.n_batch
-        ctx_params.n_seq_max = 1
+        ctx_params.n_seq_max = n_seq
+        ctx_params.kv_unified = False
         ctx_params.n_outputs_max = MAX_ROWS
         ctx_params.n_outputs_max_per_seq = MAX_ROWS  # llama.cpp's default, 1, is too few for a verify
         ctx_params.n_threads = self.n_threads
@@ -337,7 +459,7 @@ class Model:
         if not self._ctx:
             self.close()
             raise ModelError(f"llama.cpp could not create a context of {n_ctx} tokens for {self.path}")
-        self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx))
+        self.n_ctx = int(llama_cpp.llama_n_ctx_seq(self._ctx))  # per sequence
         self._mem = llama_cpp.llama_get_memory(self._ctx)
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.vocab = VocabInfo(
@@ -349,18 +471,19 @@ class Model:
         )
         self.n_vocab = self.vocab.n_vocab
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
-        # Every token goes to sequence 0: set once, so a decode writes only tokens, positions and output flags
-        # (through pointers read once: each read of a ctypes struct field builds a new object).
+        # Every token belongs to one sequence: the counts are set once, so a decode writes only tokens, positions,
+        # sequence ids and output flags (through pointers read once: each read of a ctypes struct field builds a
+        # new object).
         for j in range(self.n_batch):
             self._batch.n_seq_id[j] = 1
             self._batch.seq_id[j][0] = 0
         self._batch_token, self._batch_pos, self._batch_flags = self._batch.token, self._batch.pos, self._batch.logits
+        self._batch_seq = [self._batch.seq_id[j] for j in range(self.n_batch)]
         self._eog: dict[int, bool] = {}  # is_eog's answers, asked for every token generated
-        self._readout = LOGITS  # what llama.cpp's graph hands back now (no sampler chain installed)
         self._piece_buf = ctypes.create_string_buffer(256)
         self._piece_cache: dict[int, bytes] = {}
-        # The KV holds exactly these tokens at positions 0..len-1 (the engine's bookkeeping mirrors llama.cpp's).
-        self.kv_tokens: list[int] = []
+        # One slot per sequence; the model itself speaks for slot 0, so single-stream code needs no slot at all.
+        self.slots = [Slot(self, i) for i in range(n_seq)]
         # Wall time inside llama_decode and reading its rows out (the C side, where a GPU also synchronises):
         # what the Python loop cannot speed up.
         self.busy_seconds = 0.0
@@ -453,81 +576,144 @@ class Model:
     def detokenize(self, tokens: Sequence[int]) -> str:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
 
-    # ----- the KV cache ------------------------------------------------------------------------------------
+    # ----- the KV cache (sequence 0; other sequences through :attr:`slots`) -----------------------------------
+    @property
+    def kv_tokens(self) -> list[int]:
+        """The tokens sequence 0's KV holds at positions 0..len-1 (the engine's bookkeeping mirrors llama.cpp's)."""
+        return self.slots[0].kv_tokens
+
+    @property
+    def n_seq(self) -> int:
+        return len(self.slots)
+
     def decode(self, tokens: Sequence[int], rows: Sequence[int] = (), readout: Readout = LOGITS) -> Scores:
-        """Append ``tokens`` to the KV (at positions ``len(kv_tokens)..``) and score the rows asked for.
+        """Append ``tokens`` to sequence 0's KV (at positions ``len(kv_tokens)..``) and score the rows asked for.
 
         ``rows``: ascending indices into ``tokens`` (at most :data:`MAX_ROWS`); only those rows are computed.
         ``readout`` says what comes back for them (:class:`~edgespec.sampling.Readout`): ``[R, n_vocab]`` logits (a
         copy), ``[R]`` argmax ids, or the top-k :class:`~edgespec.sampling.Candidates`. Long inputs are split
         into batches of ``n_batch``.
         """
-        start = len(self.kv_tokens)
-        n_rows = len(rows)
-        self._check(start, tokens, rows, readout)
-        if n_rows and self._refused and readout in self._refused:
-            return _emulate(readout, self.decode(tokens, rows, LOGITS))
-        out = _allocate(readout, n_rows, self.n_vocab)
-        clock = time.perf_counter
+        return self.decode_batch(((self.slots[0], tokens, rows, readout),))[0]
+
+    def decode_batch(self, parts: Sequence[Part]) -> list[Scores]:
+        """Several sequences' tokens in one ``llama_decode`` (more when they exceed ``n_batch``): each part is
+        ``(slot, tokens, rows, readout)`` as for :meth:`decode`, and gets its own scores back, in order.
+
+        llama.cpp aborts the process (a GGML_ASSERT) on some batches it cannot take, so what it would refuse is
+        refused here first: more than :data:`MAX_ROWS` rows in all, a slot of another model, a sequence twice.
+        """
+        n_rows = 0
+        seen: set[int] = set()
+        for slot, tokens, rows, readout in parts:
+            if slot.model is not self or slot.seq_id in seen:
+                raise ValueError(f"each part needs its own sequence of {self.name}")
+            seen.add(slot.seq_id)
+            n_rows += len(rows)
+            slot._check(tokens, rows, readout)
+        if n_rows > MAX_ROWS:
+            raise ValueError(f"{n_rows} rows in one decode: llama.cpp's output buffers hold {MAX_ROWS}")
+        # A readout llama.cpp refused to run in its graph is read as whole rows and selected here.
+        kinds = [LOGITS if readout in self._refused else readout for _, _, _, readout in parts]
+        outs = [_allocate(kind, len(rows), self.n_vocab) for kind, (_, _, rows, _) in zip(kinds, parts, strict=True)]
+        starts = [len(slot.kv_tokens) for slot, _, _, _ in parts]
         busy = 0.0  # inside llama_decode and llama.cpp's readout calls (filling the batch is Python's time)
-        done = 0  # rows filled so far
+        wanted: list[tuple[int, int]] = []  # (part, batch position) of each row flagged in the batch being filled
+        read = [0] * len(parts)  # rows of each part read so far
         try:
-            for lo in range(0, len(tokens), self.n_batch):
-                wanted = self._fill(tokens, lo, start, rows, done)
-                t0 = clock()
-                rc = llama_cpp.llama_decode(self._ctx, self._batch)
-                if rc != 0:
-                    raise ModelError(f"{self.name}: llama_decode failed with code {rc}")
-                rows_at = self._read(readout, wanted, out, done) if wanted else None
-                busy += clock() - t0
-                if rows_at:  # top-k rows: their lists are built on Python's time, before the next decode
-                    k = readout.k
-                    for logits_at, ids_at in rows_at:
-                        out.logits.append(logits_at[:k])
-                        out.ids.append(ids_at[:k])
-                done += len(wanted)
+            for n_tokens in self._fill(parts, starts, wanted):
+                busy += self._run_batch(n_tokens, wanted, kinds, outs, read)
+                wanted.clear()
         except BaseException:
-            # Whatever stopped this call (a failed decode, a bad row, Ctrl+C), leave the KV as it was before it, so
-            # that kv_tokens stays true and the next request starts clean.
-            llama_cpp.llama_memory_seq_rm(self._mem, 0, start, -1)
+            # Whatever stopped this call (a failed decode, a bad row, Ctrl+C), leave every KV as it was before it,
+            # so that kv_tokens stays true and the next request starts clean.
+            for (slot, _, _, _), start in zip(parts, starts, strict=True):
+                llama_cpp.llama_memory_seq_rm(self._mem, slot.seq_id, start, -1)
             raise
-        self.kv_tokens.extend(tokens)
+        for slot, tokens, _, _ in parts:
+            slot.kv_tokens.extend(tokens)
         self.busy_seconds += busy
-        return out
+        return [
+            _emulate(readout, out) if kind is not readout and len(rows) else out
+            for kind, out, (_, _, rows, readout) in zip(kinds, outs, parts, strict=True)
+        ]
 
-    def _check(self, start: int, tokens: Sequence[int], rows: Sequence[int], readout: Readout) -> None:
-        """Refuse a decode that cannot run (context, rows) and install the sampler chain ``readout`` needs."""
-        if start + len(tokens) > self.n_ctx:
-            raise ContextOverflowError(
-                f"{self.name}: {start + len(tokens)} tokens do not fit the context of {self.n_ctx}"
-            )
-        if len(rows):
-            if not _ascending_within(rows, len(tokens)):
-                raise ValueError(
-                    f"rows {list(rows)} must be at most {MAX_ROWS} ascending indices into the {len(tokens)} tokens "
-                    "decoded"
-                )
-            # A request's readout is one object: compared once per request. A refused one is emulated (decode).
-            if readout is not self._readout and not (self._refused and readout in self._refused):
-                self._use(readout)  # may find that llama.cpp refuses it: then read whole rows and select here
+    def rehearse(self, tokens: Sequence[int], rows: Sequence[int], readout: Readout, start: int) -> None:
+        """All that :meth:`decode` does in Python for sequence 0 at ``start``, the checks and filling the batch, but
+        the decode itself (:mod:`edgespec.replay` measures the loop's own cost with it)."""
+        slot = self.slots[0]
+        slot._check(tokens, rows, readout, start)
+        wanted: list[tuple[int, int]] = []
+        for _ in self._fill(((slot, tokens, rows, readout),), (start,), wanted):
+            wanted.clear()
 
-    def _fill(self, tokens: Sequence[int], lo: int, start: int, rows: Sequence[int], done: int) -> list[int]:
-        """Write the batch of ``tokens[lo:lo + n_batch]`` (at positions from ``start + lo``), flagging the rows from
-        ``rows[done]`` on that fall in it; returns their positions in the batch."""
-        token, pos, flags = self._batch_token, self._batch_pos, self._batch_flags
-        chunk = tokens[lo : lo + self.n_batch]
-        self._batch.n_tokens = len(chunk)
-        for j, tok in enumerate(chunk):
-            token[j] = tok
-            pos[j] = start + lo + j
-            flags[j] = False
-        wanted: list[int] = []
-        n_rows = len(rows)
-        while done + len(wanted) < n_rows and rows[done + len(wanted)] < lo + len(chunk):
-            j = rows[done + len(wanted)] - lo
-            flags[j] = True
-            wanted.append(j)
-        return wanted
+    def _fill(self, parts: Sequence[Part], starts: Sequence[int], wanted: list[tuple[int, int]]) -> Iterator[int]:
+        """Write the parts' tokens into the batch (at positions from each part's start), flagging their rows and
+        listing them in ``wanted``; yields the number of tokens each time the batch is full, and at the end."""
+        token, pos, flags, seq = self._batch_token, self._batch_pos, self._batch_flags, self._batch_seq
+        n_batch = self.n_batch
+        filled = 0
+        for p, (slot, tokens, rows, _) in enumerate(parts):
+            seq_id, start = slot.seq_id, starts[p]
+            next_row = 0
+            row_at = rows[0] if len(rows) else -1
+            for i, tok in enumerate(tokens):
+                if filled == n_batch:
+                    yield filled
+                    filled = 0
+                token[filled] = tok
+                pos[filled] = start + i
+                seq[filled][0] = seq_id
+                if i == row_at:
+                    flags[filled] = True
+                    wanted.append((p, filled))
+                    next_row += 1
+                    row_at = rows[next_row] if next_row < len(rows) else -1
+                else:
+                    flags[filled] = False
+                filled += 1
+        if filled:
+            yield filled
+
+    def _run_batch(
+        self, n_tokens: int, wanted: list[tuple[int, int]], kinds: list[Readout], outs: list[Scores], read: list[int]
+    ) -> float:
+        """Decode the filled batch and read its flagged rows into each part's output; returns the seconds llama.cpp
+        took (the top-k lists are built after, on Python's time)."""
+        self._batch.n_tokens = n_tokens
+        t0 = time.perf_counter()
+        rc = llama_cpp.llama_decode(self._ctx, self._batch)
+        if rc != 0:
+            raise ModelError(f"{self.name}: llama_decode failed with code {rc}")
+        ctx = self._ctx
+        copies = []
+        for p, j in wanted:
+            kind, out = kinds[p], outs[p]
+            if kind.kind == "argmax":
+                sampled = llama_cpp.llama_get_sampled_token_ith(ctx, j)
+                if sampled < 0:  # LLAMA_TOKEN_NULL: no sampler ran on this row
+                    raise ModelError(f"{self.name}: llama.cpp returned no sampled token for row {j}")
+                out.append(sampled)
+            elif kind.kind == "top_k":
+                n = llama_cpp.llama_get_sampled_logits_count_ith(ctx, j)
+                if n != kind.k:
+                    raise ModelError(f"{self.name}: llama.cpp returned {n} candidates for a top-{kind.k} row")
+                # Slicing these pointers builds the lists in C: no numpy on the hot path (see sampling.py).
+                copies.append(
+                    (out, kind.k, llama_cpp.llama_get_sampled_logits_ith(ctx, j),
+                     llama_cpp.llama_get_sampled_candidates_ith(ctx, j))
+                )  # fmt: skip
+            else:
+                row = llama_cpp.llama_get_logits_ith(ctx, j)
+                if not row:
+                    raise ModelError(f"{self.name}: llama.cpp returned no logits for row {j}")
+                ctypes.memmove(out[read[p]].ctypes.data, row, 4 * self.n_vocab)
+            read[p] += 1
+        busy = time.perf_counter() - t0
+        for out, k, logits_at, ids_at in copies:
+            out.logits.append(logits_at[:k])
+            out.ids.append(ids_at[:k])
+        return busy
 
     def readout_path(self, readout: Readout) -> str:
         """Where sampling for ``readout`` runs on this model (for the stats)."""
@@ -535,99 +721,17 @@ class Model:
             return f"{LOGITS.path} ({readout.kind} not supported in llama.cpp's graph here)"
         return readout.path
 
-    def _use(self, readout: Readout) -> None:
-        """Install the backend sampler chain that produces ``readout`` (none for whole logits rows)."""
-        if readout == self._readout:
-            self._readout = readout  # the same readout: decodes of this request compare by identity
-            return
-        chain = None
-        if readout.kind != "logits":
-            # A chain is bound to the graph it is installed in: llama.cpp initialises it once, so every switch
-            # builds a new one (a chain is a few bytes; switches happen per request at most).
-            chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-            step = (
-                llama_cpp.llama_sampler_init_greedy()
-                if readout.kind == "argmax"
-                else llama_cpp.llama_sampler_init_top_k(readout.k)
-            )
-            llama_cpp.llama_sampler_chain_add(chain, step)
-        installed = llama_cpp.llama_set_sampler(self._ctx, 0, chain)
-        if self._chain is not None:  # replaced: llama.cpp no longer refers to it
-            llama_cpp.llama_sampler_free(self._chain)
-            self._chain = None
-        if not installed:
-            # This backend cannot run the chain in its graph: read whole rows and select from them here.
-            log.warning("%s: llama.cpp cannot sample '%s' in its graph; reading whole logits rows", self.name, readout)
-            self._refused.add(readout)
-            llama_cpp.llama_set_sampler(self._ctx, 0, None)
-            if chain is not None:
-                llama_cpp.llama_sampler_free(chain)
-            self._readout = LOGITS
-            return
-        self._chain = chain
-        self._readout = readout
-
-    def _read(self, readout: Readout, positions: list[int], out: Scores, first: int) -> list | None:
-        """Read the rows just decoded at batch ``positions`` into ``out`` (from row ``first`` on). Top-k rows come
-        back as llama.cpp's pointers to their logits and ids (valid until the next decode), for :meth:`decode` to
-        copy out."""
-        ctx = self._ctx
-        if readout.kind == "argmax":
-            assert isinstance(out, list)
-            for j in positions:
-                token = llama_cpp.llama_get_sampled_token_ith(ctx, j)
-                if token < 0:  # LLAMA_TOKEN_NULL: no sampler ran on this row
-                    raise ModelError(f"{self.name}: llama.cpp returned no sampled token for row {j}")
-                out.append(token)
-        elif readout.kind == "top_k":
-            k = readout.k
-            rows_at = []
-            for j in positions:
-                n = llama_cpp.llama_get_sampled_logits_count_ith(ctx, j)
-                if n != k:
-                    raise ModelError(f"{self.name}: llama.cpp returned {n} candidates for a top-{k} row")
-                # Slicing these pointers builds the lists in C: no numpy on the hot path (see sampling.py).
-                rows_at.append(
-                    (llama_cpp.llama_get_sampled_logits_ith(ctx, j), llama_cpp.llama_get_sampled_candidates_ith(ctx, j))
-                )
-            return rows_at
-        else:
-            # The requested rows sit contiguously in batch order: one copy, not one per row.
-            assert isinstance(out, np.ndarray)
-            n = len(positions)
-            ctypes.memmove(out[first:].ctypes.data, llama_cpp.llama_get_logits(ctx), 4 * n * self.n_vocab)
-        return None
-
     def truncate(self, n_keep: int) -> None:
-        """Roll back: drop the KV at positions >= ``n_keep``."""
-        if n_keep < len(self.kv_tokens):
-            if not llama_cpp.llama_memory_seq_rm(self._mem, 0, n_keep, -1):
-                # Some memory types (recurrent models) cannot drop a partial sequence: start over.
-                llama_cpp.llama_memory_clear(self._mem, True)
-                del self.kv_tokens[:]
-                return
-            del self.kv_tokens[n_keep:]
+        """Roll back sequence 0: drop its KV at positions >= ``n_keep``."""
+        self.slots[0].truncate(n_keep)
 
-    def sync(self, tokens: Sequence[int]) -> int:
-        """Make the KV hold ``tokens`` exactly, reusing the longest common prefix. Returns tokens decoded."""
-        kv = self.kv_tokens
-        n = min(len(kv), len(tokens))
-        common = 0
-        while common < n and kv[common] == tokens[common]:
-            common += 1
-        self.truncate(common)
-        rest = tokens[common:]
-        if rest:
-            self.decode(rest)
-        return len(rest)
+    sync = sync
+
 
     # ----- lifetime ----------------------------------------------------------------------------------------
     def close(self) -> None:
-        if self._ctx:
-            llama_cpp.llama_set_sampler(self._ctx, 0, None)
-        if self._chain is not None:
-            llama_cpp.llama_sampler_free(self._chain)
-            self._chain = None
+        for slot in getattr(self, "slots", ()):
+            slot._release_chain()
         if self._batch is not None:
             llama_cpp.llama_batch_free(self._batch)
             self._batch = None

@@ -9,6 +9,7 @@ for), each taking what it needs from what is left. Pure arithmetic: the backend 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 # Kept free on the device for llama.cpp's compute buffers, the output buffer and the driver's own context.
@@ -54,3 +55,34 @@ def describe(n_gpu_layers: int, n_layer: int, device: str | None) -> str:
     if on_gpu >= n_layer + 1:
         return f"GPU ({device}, all {n_layer} layers)"
     return f"GPU ({device}, {on_gpu} of {n_layer + 1} layers) + CPU"
+
+
+def available_memory() -> int | None:
+    """Bytes of RAM the system could give a new allocation now (Linux's MemAvailable; None where unknown)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def parallel_that_fits(wanted: int, kv_bytes_per_sequence: int, free_bytes: int | None) -> tuple[int, str | None]:
+    """How many sequences of ``kv_bytes_per_sequence`` to allocate, at most ``wanted``: what fits half of
+    ``free_bytes`` (the rest is the weights' and the compute buffers'), at least one. Returns it and, when it is
+    fewer than wanted, why."""
+    if free_bytes is None or kv_bytes_per_sequence <= 0:
+        return wanted, None
+    fits = max(1, (free_bytes // 2) // kv_bytes_per_sequence)
+    if fits >= wanted:
+        return wanted, None
+    gib = 1024**3
+    return fits, (
+        f"serving {fits} request(s) at once, not {wanted}: each needs {kv_bytes_per_sequence / gib:.2f} GiB of KV "
+        f"cache at this context size and {free_bytes / gib:.1f} GiB is free (lower --n-ctx to serve more)"
+    )

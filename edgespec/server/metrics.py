@@ -44,10 +44,20 @@ class ServerMetrics:
             ["position"],
             registry=registry,
         )
-        processing = Gauge("edgespec:requests_processing", "Requests being generated (0 or 1).", registry=registry)
+        processing = Gauge(
+            "edgespec:requests_processing", "Requests being generated (up to --parallel).", registry=registry
+        )
         processing.set_function(lambda: worker.processing)
         deferred = Gauge("edgespec:requests_deferred", "Requests waiting in the queue.", registry=registry)
         deferred.set_function(lambda: worker.waiting)
+        # The batch: running totals (divide rows and sequences by decodes for the averages per decode).
+        for name, attribute, text in (
+            ("decodes", "steps", "Target decodes that verified requests' rounds (one per step of the batch)."),
+            ("decode_rows", "step_rows", "Rows those decodes scored: pending tokens plus drafted tokens."),
+            ("decode_sequences", "step_sequences", "Requests those decodes carried, summed over the decodes."),
+        ):
+            gauge = Gauge(f"edgespec:batch_{name}", text, registry=registry)
+            gauge.set_function(lambda attribute=attribute: _engine_count(worker, attribute))
 
     def record(self, job: Job) -> None:
         """A job left the server (an observer of :class:`GenerationWorker`; called from its thread)."""
@@ -70,3 +80,8 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _engine_count(worker: GenerationWorker, attribute: str) -> float:
+    loaded = worker.loaded
+    return float(getattr(loaded.runtime.engine, attribute, 0)) if loaded is not None else 0.0

@@ -104,11 +104,14 @@ Observer = Callable[[Job], None]  # told about every job that leaves the server:
 
 
 class GenerationWorker:
-    """Loads the models on its thread, then runs :class:`Job` s from a FIFO queue of at most ``max_queue``."""
+    """Loads the models on its thread, then runs :class:`Job` s from a FIFO queue of at most ``max_queue``, as many
+    at once as the runtime was loaded for (``parallel``): a thread per running job, all stepping the same engine,
+    so their rounds share the target's decodes."""
 
     def __init__(self, load: Callable[[], Runtime], *, max_queue: int) -> None:
         self._load = load
         self.max_queue = max_queue
+        self.parallel = 1  # known once the runtime is loaded
         self.status = Status.LOADING
         self.load_error: str | None = None
         self.loaded: Loaded | None = None
@@ -116,7 +119,7 @@ class GenerationWorker:
         self.on_load_failed: Callable[[str], None] | None = None
         self._cond = threading.Condition()
         self._waiting: deque[Job] = deque()
-        self._running: Job | None = None
+        self._running: set[Job] = set()
         self._stopping = False
         self._thread = threading.Thread(target=self._main, name="edgespec-generation", daemon=True)
 
@@ -130,18 +133,18 @@ class GenerationWorker:
 
     @property
     def processing(self) -> int:
-        return 1 if self._running is not None else 0
+        return len(self._running)
 
     def submit(self, request: GenerationRequest) -> Job:
-        """Queue ``request`` behind the running one; a 503 when the models are not ready or the queue is full."""
+        """Queue ``request`` behind the running ones; a 503 when the models are not ready or the queue is full."""
         job = Job(request, asyncio.get_running_loop())
         with self._cond:
             self.check_ready()
-            if len(self._waiting) + self.processing > self.max_queue:
+            if len(self._waiting) + self.processing >= self.parallel + self.max_queue:
                 raise ApiError(
                     503,
-                    f"the server is busy: {self.processing} request running, {len(self._waiting)} waiting "
-                    f"(--max-queue {self.max_queue}); retry later",
+                    f"the server is busy: {self.processing} request(s) running (--parallel {self.parallel}), "
+                    f"{len(self._waiting)} waiting (--max-queue {self.max_queue}); retry later",
                     code="queue_full",
                     headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
                 )
@@ -167,8 +170,8 @@ class GenerationWorker:
             self._stopping = True
             pending = list(self._waiting)
             self._waiting.clear()
-            if self._running is not None:
-                self._running.cancel_event.set()
+            for job in self._running:
+                job.cancel_event.set()
             self._cond.notify_all()
         for job in pending:
             job.put(ApiError(503, "the server is shutting down", code="shutting_down"))
@@ -203,14 +206,26 @@ class GenerationWorker:
         try:
             drafters = runtime.engine.drafters
             self.loaded = Loaded(runtime, runtime.draft_len, runtime.lookup, "lookup" in drafters, int(time.time()))
+            self.parallel = runtime.engine.parallel
+            runners = [
+                threading.Thread(target=self._run_jobs, name=f"edgespec-generation-{i}", daemon=True)
+                for i in range(1, self.parallel)
+            ]
             with self._cond:
                 if not self._stopping:
                     self.status = Status.READY
-            while (job := self._next()) is not None:
-                self._execute(job)
+            for runner in runners:
+                runner.start()
+            self._run_jobs()
+            for runner in runners:
+                runner.join()
         finally:
             self.status = Status.STOPPED
             runtime.close()
+
+    def _run_jobs(self) -> None:
+        while (job := self._next()) is not None:
+            self._execute(job)
 
     def _next(self) -> Job | None:
         with self._cond:
@@ -218,8 +233,9 @@ class GenerationWorker:
                 self._cond.wait()
             if self._stopping:
                 return None
-            self._running = self._waiting.popleft()
-            return self._running
+            job = self._waiting.popleft()
+            self._running.add(job)
+            return job
 
     def _execute(self, job: Job) -> None:
         assert self.loaded is not None
@@ -227,10 +243,12 @@ class GenerationWorker:
         drafters: set[str] = set()
         draft_rounds = drafted = 0
         try:
-            # Per-request settings; the engine reads them when a request starts.
-            runtime.set_draft_len(request.draft_len)
-            runtime.set_lookup(request.lookup)
-            for event in runtime.stream(request.prompt, request.params, cancel=job.cancel_event):
+            # Per-request settings, for this request only (others run beside it).
+            events = runtime.stream(
+                request.prompt, request.params, cancel=job.cancel_event, draft_len=request.draft_len,
+                lookup=request.lookup,
+            )  # fmt: skip
+            for event in events:
                 if isinstance(event, Finished):
                     job.outcome = Outcome(event, tuple(sorted(drafters)), draft_rounds)
                     job.put(job.outcome)
@@ -248,7 +266,7 @@ class GenerationWorker:
             job.put(exc)
         finally:
             with self._cond:
-                self._running = None
+                self._running.discard(job)
             self._notify(job)
 
     def _notify(self, job: Job) -> None:

@@ -1,0 +1,358 @@
+"""One request's rounds: draft → verify → accept → roll back → update, split at the verify.
+
+State between rounds: the committed tokens ``x[0..n)``. The target's KV holds ``x[0..n-1)``; the last committed
+token ``x[n-1]`` is *pending* and opens the next verify batch. Plain decoding is the same round with γ = 0, so the
+baseline, the fallback and the speculative path share every line.
+
+The round is cut in two around the target's decode, because that decode is shared: the engine asks every active
+request for its verify rows (:meth:`Generation.propose`, then :meth:`Generation.part`), runs one decode over all of
+them, and hands each its scores back (:meth:`Generation.settle`). A lone request is the same with one part.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from edgespec.drafters.base import Draft, Drafter
+from edgespec.drafters.controller import Load, Plan, RoundController
+from edgespec.drafters.lookup import LookupDrafter
+from edgespec.events import Chunk, Event, Finished, FinishReason, Span, Stats
+from edgespec.models.backend import common_prefix
+from edgespec.penalties import windows
+from edgespec.sampling import LOGITS, Readout, SamplingParams, Scores, Uniforms, Warped, readout_for
+from edgespec.text import TextStream
+from edgespec.verify import Verdict, verify_greedy, verify_stochastic
+
+
+@dataclass
+class Lane:
+    """One sequence of the engine's models: a target slot, the draft model's slot, the drafters and controllers that
+    work on them. Its KV outlives a request, so that the next request sharing a prefix with it reuses the cells."""
+
+    index: int
+    target: object  # a Model (a lone lane) or one of its Slots: decode, truncate, sync, kv_tokens
+    draft: object | None
+    drafters: dict[str, Drafter]
+    auto: RoundController | None = None  # the adaptive controller, created on first use; kept across requests
+    fixed: dict[tuple[str | None, int], RoundController] = field(default_factory=dict)
+    calibrated_for: str | None = None  # the readout kind whose costs the auto controller holds
+    busy: bool = False
+
+    def roll_back(self, ctx: Sequence[int]) -> None:
+        """Truncate every KV to the committed prefix: the target keeps ``x[0..n-1)``, drafters their share."""
+        self.target.truncate(len(ctx) - 1)
+        if len(self.target.kv_tokens) < len(ctx) - 1:
+            # A memory that cannot drop a partial sequence (recurrent models) was cleared: rebuild the prefix.
+            self.target.sync(ctx[:-1])
+        for drafter in self.drafters.values():
+            drafter.commit(ctx)
+
+
+class Generation:
+    """A request on a lane, between its admission and its :class:`Finished` event. Its events queue up in
+    :attr:`events` (an exception ends them), for the thread that owns the request to yield."""
+
+    def __init__(
+        self,
+        lane: Lane,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        controller: RoundController,
+        max_gamma: int,
+        lookup: LookupDrafter | None,
+        cancel: threading.Event | None,
+        is_eog,
+        token_text,
+        piece,
+    ) -> None:
+        self.lane = lane
+        self.params = params
+        self.controller = controller
+        self.max_gamma = max_gamma  # a fixed γ drafts exactly that far; auto up to max_gamma
+        self.lookup = lookup
+        self.cancel = cancel
+        self.cancelled = False  # set by the engine (Engine.cancel)
+        self.owner = threading.current_thread()  # the thread that iterates its events
+        self._is_eog, self._token_text = is_eog, token_text
+        self.ctx = list(prompt)
+        self.n_prompt = len(prompt)
+        self.rng: Uniforms = params.rng()
+        # What the verify reads back per row: the argmax or the top-k candidates, selected inside llama.cpp.
+        self.readout: Readout = readout_for(params, lane.target.n_vocab)
+        self.events: deque[Event | BaseException] = deque()
+        self.done = False
+        self.text = TextStream(piece, params.stop)
+        self.out: list[int] = []  # the output's tokens (no end-of-generation token)
+        self.clock = time.perf_counter
+        self.t_start = self.clock()
+        self.tally = _Tally(self.n_prompt, max_gamma, lane.target.readout_path(self.readout))
+        self.stats = self.tally.snapshot(self.t_start, 0.0, None, controller)
+        self._models = [m for m in (lane.target, lane.draft) if m is not None]
+        self._busy_at_start = 0.0
+        self._prefill_start: int | None = None  # where the prompt's prefill began (the prefix kept before it)
+        self.prefilled = False  # the prompt is in every KV: the rounds have begun
+        # this round's
+        self.plan: Plan | None = None
+        self.draft = Draft.empty()
+        self.t_draft = 0.0
+
+    # ----- before the first round ----------------------------------------------------------------------------
+    def prefill_part(self, limit: int) -> tuple[object, list[int], tuple, Readout] | None:
+        """The next chunk (at most ``limit`` tokens) of the KV of everything but the pending last token; None when
+        the KV holds it all. A prefix the lane's KV already shares with the prompt is kept, not recomputed."""
+        target = self.lane.target
+        want = self.ctx[:-1]
+        if self._prefill_start is None:
+            target.truncate(common_prefix(target.kv_tokens, want))
+            self._prefill_start = len(target.kv_tokens)
+            self.tally.prefilled = len(want) - self._prefill_start
+        have = len(target.kv_tokens)
+        if have >= len(want):
+            return None
+        return (target, want[have : have + limit], (), LOGITS)
+
+    @property
+    def prefill_done(self) -> bool:
+        return len(self.lane.target.kv_tokens) >= len(self.ctx) - 1
+
+    def begin_rounds(self) -> None:
+        """The prompt is in the target's KV: every drafter in step with it too."""
+        for drafter in self.lane.drafters.values():
+            drafter.reset(self.ctx)
+        self.controller.start_request()  # every drafter is in step with the prompt: nothing to catch up
+        self.prefilled = True
+
+    def started(self) -> None:
+        """The prefill (and a calibration, if any) is done: the rounds begin."""
+        self.tally.t_prefill = self.clock() - self.t_start
+        self._busy_at_start = sum(m.busy_seconds for m in self._models)
+
+    @property
+    def stopping(self) -> bool:
+        return self.cancelled or (self.cancel is not None and self.cancel.is_set())
+
+    # ----- one round -------------------------------------------------------------------------------------
+    def propose(self, load: Load) -> None:
+        """1. Draft: the plan for this round given the others' ``load``, and the drafted tokens."""
+        t0 = self.clock()
+        params = self.params
+        # The verify always adds one token, so draft at most room - 1.
+        room = params.max_tokens - (len(self.ctx) - self.n_prompt)
+        max_len = min(room - 1, self.max_gamma, load.room - 1)
+        lookup_draft = Draft.empty()
+        if self.lookup is not None and max_len > 0:
+            # Costs ~nothing, so look first, every round, and let the controller weigh what was found (it also
+            # checks the proposal against what the round commits, drafted or not).
+            lookup_draft = self.lookup.propose(self.ctx, max_len, params, None)
+        plan = self.controller.plan(lookup_draft.tokens, load)
+        gamma = min(plan.gamma, max_len)
+        if plan.drafter is None or gamma <= 0:
+            draft = Draft.empty()
+        elif plan.drafter == "lookup":
+            draft = Draft(lookup_draft.tokens[:gamma], None)
+        else:
+            draft = self.lane.drafters[plan.drafter].propose(self.ctx, gamma, params, self.rng)
+        self.plan, self.draft = plan, draft
+        self.t_draft = self.clock() - t0
+
+    @property
+    def rows(self) -> int:
+        """Rows this round's verify adds to the target's decode."""
+        return len(self.draft.tokens) + 1
+
+    def part(self) -> tuple[object, list[int], range, Readout]:
+        """2. Verify: ``[x_{n-1}, d_1..d_γ]`` on this lane's sequence, scored at all γ+1 positions: each row's argmax
+        when greedy, its top-k candidates when sampling."""
+        return (self.lane.target, [self.ctx[-1], *self.draft.tokens], range(self.rows), self.readout)
+
+    def settle(self, scores: Scores, t_verify: float, shared: bool) -> None:
+        """3.-5. Accept, roll back, update; queue the round's events. ``shared``: the decode carried other
+        sequences too (its cost is then recorded once, by the engine)."""
+        t2 = self.clock()
+        draft, plan, ctx, params = self.draft, self.plan, self.ctx, self.params
+        assert plan is not None
+        gamma = len(draft.tokens)
+        # 3. Accept.
+        k, token = accept(ctx, draft, scores, params, self.rng)
+        new = [*draft.tokens[:k], token]
+        from_draft = [True] * k + [False]
+        eog = None
+        for i, t in enumerate(new):
+            if self._is_eog(t):  # nothing after an end-of-generation token is output
+                eog = i
+                del new[i + 1 :], from_draft[i + 1 :]
+                break
+        t3 = self.clock()
+        # 4. Roll back both models to the committed prefix.
+        ctx.extend(new)
+        self.lane.roll_back(ctx)
+        # 5. Update the controller's estimates.
+        self.controller.observe(
+            plan,
+            n_drafted=gamma,
+            n_accepted=k,
+            t_draft=self.t_draft,
+            t_verify=t_verify,
+            committed=new,
+            record_verify=not shared,
+        )
+
+        # Emit the committed tokens' text; an end-of-generation token or a stop string ends the request.
+        spans, emitted, finish, stopped_by = self._emit(new, from_draft, eog)
+        self.out.extend(emitted)
+        n_out = len(ctx) - self.n_prompt  # committed after the prompt, an end-of-generation token included
+        self.tally.add_round(gamma, k, self.t_draft, t_verify, t3 - t2)
+        t_llama = sum(m.busy_seconds for m in self._models) - self._busy_at_start
+        self.stats = self.tally.snapshot(
+            self.t_start, t_llama, plan, self.controller, generated=n_out, draft_len=gamma
+        )
+        if finish is None and n_out >= params.max_tokens:
+            # The last chunk carries the text stream's tail as well.
+            self.finish("length", spans, emitted, from_draft)
+            return
+        self.events.append(_chunk(spans, emitted, from_draft, self.stats))
+        if finish is not None:
+            self.finish(finish, stopped_by=stopped_by)
+
+    def finish(
+        self,
+        finish: FinishReason,
+        spans: list[Span] | None = None,
+        emitted: list[int] | None = None,
+        from_draft: list[bool] | None = None,
+        stopped_by: str | None = None,
+    ) -> None:
+        """Queue the last events: whatever the text stream still holds (a partial stop-string prefix, bytes of an
+        unfinished character) is output unless a stop string consumed it."""
+        tail = self.text.flush() if finish != "stop" else ""
+        if spans is not None:  # the held-back last round ("length")
+            if tail:
+                spans.append(Span(tail, False))
+            self.events.append(_chunk(spans, emitted or [], from_draft or [], self.stats))
+        elif tail:
+            self.events.append(Chunk(tail, (), (), (Span(tail, False),), self.stats))
+        stats = replace(self.stats, t_total=self.clock() - self.t_start)
+        self.events.append(
+            Finished(
+                text=self.text.text, tokens=tuple(self.out), finish_reason=finish, stats=stats, stopped_by=stopped_by
+            )
+        )
+        self.done = True
+
+    def fail(self, error: BaseException) -> None:
+        self.events.append(error)
+        self.done = True
+
+    def _emit(
+        self, new: list[int], from_draft: list[bool], eog: int | None
+    ) -> tuple[list[Span], list[int], FinishReason | None, str | None]:
+        """Text of the committed tokens, split by origin; the tokens that count as output; why to stop, if so.
+
+        ``eog``: the index in ``new`` of an end-of-generation token (the last one), if there is one.
+        """
+        spans: list[Span] = []
+        emitted: list[int] = []
+        text = self.text
+        for i, tok in enumerate(new):
+            if i == eog:
+                return spans, emitted, "eos", self._token_text(tok)
+            emitted.append(tok)
+            piece = text.feed(tok)
+            if piece:
+                spans.append(Span(piece, from_draft[i]))
+            if text.stopped_by is not None:
+                return spans, emitted, "stop", text.stopped_by
+        return spans, emitted, None, None
+
+
+def accept(ctx: list[int], draft: Draft, scores: Scores, params: SamplingParams, rng: Uniforms) -> Verdict:
+    """How many drafted tokens the target accepts, and the token it adds after them."""
+    # Penalties see the text so far: row i's history is the committed text plus d_1..d_{i-1}.
+    counts = windows(ctx, draft.tokens, params.repeat_last_n) if params.penalized else None
+    if params.greedy:
+        if counts is None:
+            return verify_greedy(draft.tokens, scores)  # the target's argmax per position, from llama.cpp
+        return verify_greedy(draft.tokens, _Tops(Warped(scores, params, counts)))
+    # p_1..p_{γ+1}, each warped when the verifier first reads it
+    return verify_stochastic(draft.tokens, draft.q, Warped(scores, params, counts), rng)
+
+
+class _Tally:
+    """A request's running counts and times, kept mutable so a round costs additions, not a dataclass copy; each
+    event carries a :class:`Stats` snapshot of them."""
+
+    def __init__(self, prompt_tokens: int, max_gamma: int, sampling_path: str) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.sampling_path = sampling_path
+        self.prefilled = 0
+        self.t_prefill = 0.0
+        self.rounds = self.drafted = self.accepted = 0
+        self.t_draft = self.t_verify = self.t_sample = 0.0
+        self.hist = [0] * (max_gamma + 1)  # hist[k]: rounds that accepted k drafts
+
+    def add_round(self, gamma: int, k: int, t_draft: float, t_verify: float, t_sample: float) -> None:
+        self.rounds += 1
+        self.drafted += gamma
+        self.accepted += k
+        self.hist[k] += 1
+        self.t_draft += t_draft
+        self.t_verify += t_verify
+        self.t_sample += t_sample
+
+    def snapshot(
+        self,
+        t_start: float,
+        t_llama: float,
+        plan: Plan | None,
+        controller: RoundController,
+        *,
+        generated: int = 0,
+        draft_len: int = 0,
+    ) -> Stats:
+        return Stats(
+            prompt_tokens=self.prompt_tokens,
+            prefilled_tokens=self.prefilled,
+            generated=generated,
+            rounds=self.rounds,
+            drafted=self.drafted,
+            accepted=self.accepted,
+            t_prefill=self.t_prefill,
+            t_draft=self.t_draft,
+            t_verify=self.t_verify,
+            t_sample=self.t_sample,
+            t_total=time.perf_counter() - t_start,
+            t_llama=t_llama,
+            accepted_per_round=tuple(self.hist),
+            drafter=(plan.drafter or "none") if plan is not None else "none",
+            draft_len=draft_len,
+            decision=plan.reason if plan is not None else "",
+            plain_tokens_per_second=controller.plain_tokens_per_second,
+            sampling_path=self.sampling_path,
+        )
+
+
+class _Tops(Sequence[int]):
+    """The mode of each warped row, when the greedy verifier reaches it (it stops at the first mismatch)."""
+
+    def __init__(self, rows: Warped) -> None:
+        self._rows = rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, i: int) -> int:  # type: ignore[override]  # rows only, no slices
+        return self._rows[i].top
+
+
+def _chunk(spans: list[Span], emitted: list[int], from_draft: list[bool], stats: Stats) -> Chunk:
+    return Chunk(
+        text=spans[0].text if len(spans) == 1 else "".join([s.text for s in spans]),
+        tokens=tuple(emitted),
+        from_draft=tuple(from_draft[: len(emitted)]),
+        spans=tuple(spans),
+        stats=stats,
+    )

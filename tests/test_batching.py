@@ -1,0 +1,246 @@
+"""Many requests at once on one engine (fakes): the same outputs as alone, exact distributions while sequences share
+decodes, lanes taken and given back, load-aware plans."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from biased_verifiers import accept_if_p_at_least_q
+from exact_reference import output_checks
+from fakes import FakeModel
+from stat_tools import worst
+from test_engine import ENGINE_PATHS, ENGINE_PROMPT, MARGIN, exact_output_joint, plain_greedy
+
+from edgespec.api import Runtime
+from edgespec.drafters.controller import NO_LOAD, Controller, Load, Plan
+from edgespec.engine import Engine
+from edgespec.errors import EdgespecError, InvalidParameterError
+from edgespec.events import Chunk, Finished
+from edgespec.sampling import SamplingParams
+
+PROMPTS = [[3, 5, 7, 5, 3], [1, 2, 3, 1, 2, 3], [4, 4, 9, 2], [8, 6, 8, 6, 8, 6, 8]]
+
+
+def models(n_seq: int, noise: float = 1.0) -> tuple[FakeModel, FakeModel]:
+    return FakeModel(eos_bias=-9, n_seq=n_seq), FakeModel(seed=1, noise=noise, eos_bias=-9, n_seq=n_seq)
+
+
+def threaded(engine: Engine, prompts, params) -> list[Finished]:
+    """Each prompt streamed from its own thread, all started together."""
+    results: list[Finished | BaseException | None] = [None] * len(prompts)
+    start = threading.Barrier(len(prompts))
+
+    def work(i: int) -> None:
+        try:
+            start.wait(timeout=10)
+            events = list(engine.stream(prompts[i], params[i] if isinstance(params, list) else params))
+            results[i] = events[-1]
+        except BaseException as error:  # noqa: BLE001  # reported by the main thread
+            results[i] = error
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads)
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return results  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("draft_len", [0, 3, "auto"])
+def test_concurrent_greedy_requests_each_equal_their_solo_plain_decoding(draft_len) -> None:
+    target, draft = models(4)
+    engine = Engine(target, draft, draft_len=draft_len)
+    done = threaded(engine, PROMPTS, SamplingParams(temperature=0, max_tokens=30))
+    for prompt, finished in zip(PROMPTS, done, strict=True):
+        assert list(finished.tokens) == plain_greedy(prompt, 30, target)
+    # the verifies were shared: some decode carried more than one sequence
+    assert max(len(b) for b in target.batches) > 1
+    assert engine.steps > 0 and engine.step_sequences > engine.steps
+
+
+def test_generate_many_batches_on_one_thread_and_keeps_the_order() -> None:
+    target, draft = models(2)
+    runtime = Runtime(Engine(target, draft, draft_len=2))
+    params = SamplingParams(temperature=0, max_tokens=12)
+    out = runtime.generate_many(PROMPTS, params)  # 4 prompts on 2 lanes: two waves
+    assert [list(f.tokens) for f in out] == [plain_greedy(p, 12, target) for p in PROMPTS]
+    assert max(len(b) for b in target.batches) == 2
+    with pytest.raises(InvalidParameterError, match="sampling settings"):
+        runtime.generate_many(PROMPTS, [params])
+
+
+def test_a_seeded_request_gives_what_it_gives_alone_whatever_shares_its_decodes() -> None:
+    params = SamplingParams(temperature=0.9, top_k=5, seed=11, max_tokens=25)
+    target, draft = models(1)
+    alone = list(Engine(target, draft, draft_len=3).stream(PROMPTS[0], params))[-1]
+    target, draft = models(4)
+    others = [SamplingParams(temperature=1.2, seed=s, max_tokens=40) for s in (1, 2, 3)]
+    together = Runtime(Engine(target, draft, draft_len=3)).generate_many(PROMPTS, [params, *others])
+    assert together[0].tokens == alone.tokens
+
+
+@pytest.mark.exactness
+@pytest.mark.parametrize("drafter", ["model", "lookup"])
+def test_outputs_keep_the_targets_distribution_while_sequences_share_decodes(drafter: str) -> None:
+    """4000 requests of γ+1 tokens, four at a time in the same decodes (with longer neighbours so that rounds of
+    different positions mix), against the exact joint; the biased verifier must fail the same way."""
+    params, _ = ENGINE_PATHS["top_k"]
+    gamma, n = 3, 4000
+    target = FakeModel(n_vocab=6, sharp=1.0, eos_bias=-1.0, n_seq=4)
+    draft = FakeModel(n_vocab=6, seed=4, noise=1.0, sharp=1.0, eos_bias=-1.0, n_seq=4) if drafter == "model" else None
+    engine = Engine(target, draft, draft_len=gamma, lookup=drafter == "lookup")
+    runtime = Runtime(engine)
+    seeds = np.random.default_rng(1).integers(2**31, size=n)
+    requests = [
+        SamplingParams(**{**params.__dict__, "max_tokens": gamma + 1 + 12 * (i % 2), "seed": int(seeds[i])})
+        for i in range(n)
+    ]
+    outputs = np.zeros((n, gamma + 1), dtype=np.int64)
+    for i, done in enumerate(runtime.generate_many([ENGINE_PROMPT] * n, requests)):
+        tokens = list(done.tokens[: gamma + 1])
+        outputs[i] = tokens + [0] * (gamma + 1 - len(tokens))
+    assert max(len(b) for b in target.batches) == 4
+    checks = output_checks(outputs, exact_output_joint(target, ENGINE_PROMPT, params, gamma + 1))
+    assert worst(checks).ratio <= 1, checks
+
+
+@pytest.mark.exactness
+def test_the_batched_checks_reject_a_biased_verifier(monkeypatch) -> None:
+    monkeypatch.setattr("edgespec.generation.verify_stochastic", accept_if_p_at_least_q)
+    params, _ = ENGINE_PATHS["top_k"]
+    gamma, n = 3, 4000
+    target = FakeModel(n_vocab=6, sharp=1.0, eos_bias=-1.0, n_seq=4)
+    draft = FakeModel(n_vocab=6, seed=4, noise=1.0, sharp=1.0, eos_bias=-1.0, n_seq=4)
+    runtime = Runtime(Engine(target, draft, draft_len=gamma, lookup=False))
+    seeds = np.random.default_rng(2).integers(2**31, size=n)
+    requests = [SamplingParams(**{**params.__dict__, "max_tokens": gamma + 1, "seed": int(s)}) for s in seeds]
+    outputs = np.zeros((n, gamma + 1), dtype=np.int64)
+    for i, done in enumerate(runtime.generate_many([ENGINE_PROMPT] * n, requests)):
+        outputs[i, : len(done.tokens)] = done.tokens
+    checks = output_checks(outputs, exact_output_joint(target, ENGINE_PROMPT, params, gamma + 1))
+    assert worst(checks).ratio > MARGIN, checks
+
+
+def test_a_request_waits_for_a_lane_and_takes_the_one_with_its_prefix() -> None:
+    target, draft = models(2)
+    engine = Engine(target, draft, draft_len=2)
+    runtime = Runtime(engine)
+    greedy = SamplingParams(temperature=0, max_tokens=8)
+    first = runtime.generate_many(PROMPTS[:2], greedy)  # lane 0 holds PROMPTS[0]'s text, lane 1 PROMPTS[1]'s
+    follow_up = PROMPTS[1] + list(first[1].tokens) + [5, 7]
+    again = runtime.generate(follow_up, greedy)
+    assert again.stats.prefilled_tokens == 2  # the last reply token and 5 (7 is pending): lane 1 was reused
+    # A third thread waits until one of two running requests ends.
+    long = SamplingParams(temperature=0, max_tokens=60)
+    done = threaded(engine, PROMPTS[:3], [long, long, greedy])
+    assert [len(d.tokens) for d in done] == [60, 60, 8]
+
+
+def test_one_thread_cannot_wait_on_lanes_it_holds_itself() -> None:
+    target, draft = models(2)
+    engine = Engine(target, draft)
+    greedy = SamplingParams(temperature=0, max_tokens=40)
+    a, b = engine.stream(PROMPTS[0], greedy), engine.stream(PROMPTS[1], greedy)
+    next(a), next(b)
+    with pytest.raises(EdgespecError, match="busy"):
+        next(engine.stream(PROMPTS[2], greedy))
+    b.close()  # a consumer leaving frees its lane at once
+    rest = list(engine.stream(PROMPTS[2], greedy))
+    assert isinstance(rest[-1], Finished) and len(rest[-1].tokens) == 40
+    assert isinstance(next(a), Chunk)
+    a.close()
+    assert engine.active == 0
+
+
+def test_cancel_while_waiting_for_a_lane_ends_the_request_at_once() -> None:
+    target, draft = models(1)
+    engine = Engine(target, draft)
+    holder = engine.stream(PROMPTS[0], SamplingParams(temperature=0, max_tokens=40))
+    next(holder)
+    cancel = threading.Event()
+    result: list = []
+    request = SamplingParams(max_tokens=9)
+    waiter = threading.Thread(target=lambda: result.extend(engine.stream(PROMPTS[1], request, cancel=cancel)))
+    waiter.start()
+    cancel.set()
+    waiter.join(timeout=10)
+    assert not waiter.is_alive() and result[-1].finish_reason == "cancelled" and engine.waiting == 0
+    holder.close()
+
+
+def test_a_failing_draft_fails_its_own_request_only(monkeypatch) -> None:
+    target, draft = models(2)
+    engine = Engine(target, draft, draft_len=3, lookup=False)
+    greedy = SamplingParams(temperature=0, max_tokens=20)
+    bad = engine._lanes[1].drafters["model"]
+
+    def broken(*_args):
+        raise RuntimeError("draft model failed")
+
+    monkeypatch.setattr(bad, "propose", broken)
+    outcomes: list = []
+
+    def work(prompt):
+        try:
+            outcomes.append(list(engine.stream(prompt, greedy))[-1])
+        except RuntimeError as error:
+            outcomes.append(error)
+
+    a = engine.stream(PROMPTS[0], greedy)
+    next(a)  # lane 0 is taken: the next request gets lane 1, whose drafter fails
+    t = threading.Thread(target=work, args=(PROMPTS[1],))
+    t.start()
+    rest = list(a)
+    t.join(timeout=10)
+    assert isinstance(rest[-1], Finished) and len(rest[-1].tokens) == 20
+    assert len(outcomes) == 1 and isinstance(outcomes[0], RuntimeError)
+    assert engine.active == 0
+
+
+# ----- load-aware planning ---------------------------------------------------------------------------------------
+def calibrated(curve: dict[int, float]) -> Controller:
+    """A controller with a cheap draft model that has been right 9 times in 10."""
+    controller = Controller(["model"], max_gamma=8)
+    controller.record_costs(curve, {"model": 0.0002})
+    drafted = Plan("model", 4)
+    for _ in range(30):
+        controller.plan()
+        controller.observe(drafted, n_drafted=4, n_accepted=4, t_draft=0.0008, t_verify=curve[5])
+        controller.plan()
+        controller.observe(drafted, n_drafted=4, n_accepted=3, t_draft=0.0008, t_verify=curve[5])
+    return controller
+
+
+def test_a_flat_decode_cost_speculates_alone_and_stops_when_the_batch_is_compute_bound() -> None:
+    # A GPU-like curve: flat to 8 rows, then every row costs as much as a step does alone.
+    gpu = {b: 0.010 if b <= 8 else 0.010 * b / 8 for b in range(1, 66)}
+    controller = calibrated(gpu)
+    alone = controller.plan((), NO_LOAD)
+    busy = controller.plan((), Load(rows=40, tokens=40.0, seconds=0.0, room=25))
+    assert alone.gamma >= 4, alone
+    assert busy.gamma == 0, busy
+
+
+def test_on_a_cpu_curve_the_load_shares_the_fixed_cost_that_made_drafting_pay() -> None:
+    # A CPU: each row costs 0.7 of a step, plus a fixed part (streaming the weights) that a batch shares. Alone, a
+    # draft pays by amortising that fixed part; with three other rows it is already amortised.
+    cpu = calibrated({b: 0.010 * (0.3 + 0.7 * b) for b in range(1, 66)})
+    assert cpu.plan((), NO_LOAD).gamma > 0
+    assert cpu.plan((), Load(rows=3, tokens=3.0, room=62)).gamma == 0
+
+
+def test_the_row_budget_caps_a_plan() -> None:
+    controller = calibrated({b: 0.01 for b in range(1, 66)})
+    assert controller.plan((), Load(rows=3, tokens=3.0, room=3)).gamma == 2
+    assert controller.plan((), Load(rows=3, tokens=3.0, room=1)).gamma == 0
+
+
+def test_a_parallel_engine_needs_models_loaded_with_the_sequences() -> None:
+    with pytest.raises(InvalidParameterError, match="parallel"):
+        Engine(FakeModel(), None, parallel=2)
