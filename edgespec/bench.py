@@ -302,17 +302,19 @@ def parse_strategies(names: Iterable[str], *, has_draft: bool) -> list[str]:
     return out
 
 
-def _engine_for(name: str, target: Model, draft: Model | None, lookup_len: int, p_min: float) -> Engine:
+def _engine_for(
+    name: str, target: Model, draft: Model | None, lookup_len: int, p_min: float, parallel: int = 1
+) -> Engine:
     from edgespec.engine import Engine
 
     if name == PLAIN:
-        return Engine(target, None, draft_len=0, lookup=False)
+        return Engine(target, None, draft_len=0, lookup=False, parallel=parallel)
     if name == "lookup":
-        return Engine(target, None, draft_len=lookup_len, lookup=True)
+        return Engine(target, None, draft_len=lookup_len, lookup=True, parallel=parallel)
     if name == "auto":
-        return Engine(target, draft, draft_len="auto", lookup=True, p_min=p_min)
+        return Engine(target, draft, draft_len="auto", lookup=True, p_min=p_min, parallel=parallel)
     gamma = int(_DRAFT_N.fullmatch(name).group(1))  # type: ignore[union-attr]
-    return Engine(target, draft, draft_len=gamma, lookup=False, p_min=p_min)
+    return Engine(target, draft, draft_len=gamma, lookup=False, p_min=p_min, parallel=parallel)
 
 
 @dataclass

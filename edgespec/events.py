@@ -114,6 +114,16 @@ class Span(NamedTuple):
     from_draft: bool  # True: an accepted draft token; False: sampled from the target (correction/bonus/plain)
 
 
+class TokenLogprob(NamedTuple):
+    """A committed token's log-probability under the target's raw softmax at its position (its logits before any
+    penalty, bias, temperature or truncation: what OpenAI and llama-server report), and the ``top`` most likely
+    tokens there with theirs, most likely first."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass(frozen=True)
 class Chunk:
     """Output of one round: the committed tokens and the text that became printable with them.
@@ -127,6 +137,7 @@ class Chunk:
     from_draft: tuple[bool, ...]  # one flag per token in ``tokens``
     spans: tuple[Span, ...]
     stats: Stats
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token in ``tokens`` when the request asked for them
 
 
 @dataclass(frozen=True)
@@ -138,6 +149,7 @@ class Finished:
     finish_reason: FinishReason
     stats: Stats
     stopped_by: str | None = field(default=None)  # the stop string or EOG token text that ended it
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token in ``tokens`` when the request asked for them
 
 
 Event = Chunk | Finished

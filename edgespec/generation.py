@@ -17,13 +17,16 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from edgespec.drafters.base import Draft, Drafter
 from edgespec.drafters.controller import Load, Plan, RoundController
 from edgespec.drafters.lookup import LookupDrafter
-from edgespec.events import Chunk, Event, Finished, FinishReason, Span, Stats
+from edgespec.events import Chunk, Event, Finished, FinishReason, Span, Stats, TokenLogprob
+from edgespec.logprobs import token_logprob
 from edgespec.models.backend import common_prefix
 from edgespec.penalties import windows
-from edgespec.sampling import LOGITS, Readout, SamplingParams, Scores, Uniforms, Warped, readout_for
+from edgespec.sampling import LOGITS, Readout, SamplingParams, Scores, Uniforms, Warped, verify_readout
 from edgespec.text import TextStream
 from edgespec.verify import Verdict, verify_greedy, verify_stochastic
 
@@ -82,11 +85,12 @@ class Generation:
         self.n_prompt = len(prompt)
         self.rng: Uniforms = params.rng()
         # What the verify reads back per row: the argmax or the top-k candidates, selected inside llama.cpp.
-        self.readout: Readout = readout_for(params, lane.target.n_vocab)
+        self.readout: Readout = verify_readout(params, lane.target.n_vocab)
         self.events: deque[Event | BaseException] = deque()
         self.done = False
         self.text = TextStream(piece, params.stop)
         self.out: list[int] = []  # the output's tokens (no end-of-generation token)
+        self.logprobs: list[TokenLogprob] = []  # theirs, when asked for
         self.clock = time.perf_counter
         self.t_start = self.clock()
         self.tally = _Tally(self.n_prompt, max_gamma, lane.target.readout_path(self.readout))
@@ -204,6 +208,11 @@ class Generation:
         # Emit the committed tokens' text; an end-of-generation token or a stop string ends the request.
         spans, emitted, finish, stopped_by = self._emit(new, from_draft, eog)
         self.out.extend(emitted)
+        logprobs: tuple[TokenLogprob, ...] = ()
+        if params.logprobs is not None:  # row i of the verify is the target's distribution of new[i]
+            assert isinstance(scores, np.ndarray)
+            logprobs = tuple(token_logprob(scores[i], t, params.logprobs) for i, t in enumerate(emitted))
+            self.logprobs.extend(logprobs)
         n_out = len(ctx) - self.n_prompt  # committed after the prompt, an end-of-generation token included
         self.tally.add_round(gamma, k, self.t_draft, t_verify, t3 - t2)
         t_llama = sum(m.busy_seconds for m in self._models) - self._busy_at_start
@@ -212,9 +221,9 @@ class Generation:
         )
         if finish is None and n_out >= params.max_tokens:
             # The last chunk carries the text stream's tail as well.
-            self.finish("length", spans, emitted, from_draft)
+            self.finish("length", spans, emitted, from_draft, logprobs=logprobs)
             return
-        self.events.append(_chunk(spans, emitted, from_draft, self.stats))
+        self.events.append(_chunk(spans, emitted, from_draft, self.stats, logprobs))
         if finish is not None:
             self.finish(finish, stopped_by=stopped_by)
 
@@ -225,6 +234,7 @@ class Generation:
         emitted: list[int] | None = None,
         from_draft: list[bool] | None = None,
         stopped_by: str | None = None,
+        logprobs: tuple[TokenLogprob, ...] = (),
     ) -> None:
         """Queue the last events: whatever the text stream still holds (a partial stop-string prefix, bytes of an
         unfinished character) is output unless a stop string consumed it."""
@@ -232,13 +242,14 @@ class Generation:
         if spans is not None:  # the held-back last round ("length")
             if tail:
                 spans.append(Span(tail, False))
-            self.events.append(_chunk(spans, emitted or [], from_draft or [], self.stats))
+            self.events.append(_chunk(spans, emitted or [], from_draft or [], self.stats, logprobs))
         elif tail:
             self.events.append(Chunk(tail, (), (), (Span(tail, False),), self.stats))
         stats = replace(self.stats, t_total=self.clock() - self.t_start)
         self.events.append(
             Finished(
-                text=self.text.text, tokens=tuple(self.out), finish_reason=finish, stats=stats, stopped_by=stopped_by
+                text=self.text.text, tokens=tuple(self.out), finish_reason=finish, stats=stats, stopped_by=stopped_by,
+                logprobs=tuple(self.logprobs),
             )
         )
         self.done = True
@@ -274,7 +285,7 @@ def accept(ctx: list[int], draft: Draft, scores: Scores, params: SamplingParams,
     # Penalties see the text so far: row i's history is the committed text plus d_1..d_{i-1}.
     counts = windows(ctx, draft.tokens, params.repeat_last_n) if params.penalized else None
     if params.greedy:
-        if counts is None:
+        if counts is None and not isinstance(scores, np.ndarray):
             return verify_greedy(draft.tokens, scores)  # the target's argmax per position, from llama.cpp
         return verify_greedy(draft.tokens, _Tops(Warped(scores, params, counts)))
     # p_1..p_{γ+1}, each warped when the verifier first reads it
@@ -348,11 +359,14 @@ class _Tops(Sequence[int]):
         return self._rows[i].top
 
 
-def _chunk(spans: list[Span], emitted: list[int], from_draft: list[bool], stats: Stats) -> Chunk:
+def _chunk(
+    spans: list[Span], emitted: list[int], from_draft: list[bool], stats: Stats, logprobs: tuple[TokenLogprob, ...]
+) -> Chunk:
     return Chunk(
         text=spans[0].text if len(spans) == 1 else "".join([s.text for s in spans]),
         tokens=tuple(emitted),
         from_draft=tuple(from_draft[: len(emitted)]),
         spans=tuple(spans),
         stats=stats,
+        logprobs=logprobs,
     )

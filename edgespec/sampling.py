@@ -59,6 +59,8 @@ class SamplingParams:
     presence_penalty: float = 0.0  # OpenAI's, -2..2
     frequency_penalty: float = 0.0  # OpenAI's, -2..2
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs; a dict is accepted
+    # Report each output token's log-probability and this many alternatives' (0..20); None: none (edgespec.logprobs).
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         # Accept a list for stop (a dict for logit_bias) but store tuples so the object stays hashable and immutable.
@@ -96,6 +98,8 @@ class SamplingParams:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and -2 <= value <= 2):
                 problems.append(f"{name} must be a number in [-2, 2] (0 = off), got {value!r}")
+        if self.logprobs is not None and not (isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20):
+            problems.append(f"logprobs must be an integer 0..20 (the alternatives to list), got {self.logprobs!r}")
         if any(t < 0 or not math.isfinite(b) or abs(b) > 100 for t, b in self.logit_bias):
             problems.append("logit_bias maps token ids >= 0 to biases in [-100, 100]")
         if problems:
@@ -143,6 +147,12 @@ class Readout:
 
 LOGITS = Readout("logits")
 ARGMAX = Readout("argmax")
+
+
+def verify_readout(params: SamplingParams, n_vocab: int) -> Readout:
+    """What the target's verify reads: :func:`readout_for`, or whole rows when the request wants log-probabilities
+    (their normaliser sums over the whole vocabulary)."""
+    return LOGITS if params.logprobs is not None else readout_for(params, n_vocab)
 
 
 def readout_for(params: SamplingParams, n_vocab: int) -> Readout:

@@ -283,3 +283,111 @@ def test_loop_cost_through_the_cli(tiny_model_path) -> None:
     assert [r["sampling_path"] for r in rows[:2]] == ["argmax in llama.cpp", "top-40 in llama.cpp, rest in Python"]
     for r in rows:
         assert r["tokens_per_second"] > 0 and r["outside_ms_per_token"] > 0 and r["replayed_ms_per_token"] > 0
+
+
+# ----- many requests at once ------------------------------------------------------------------------------------
+def test_concurrency_levels_parse_or_fail_clearly() -> None:
+    from edgespec.bench_load import default_levels
+    from edgespec.errors import EdgespecError
+
+    assert default_levels("1, 2,4") == [1, 2, 4]
+    for bad in ("", "two", "0,4", "1,17"):
+        with pytest.raises(EdgespecError, match="concurrency"):
+            default_levels(bad)
+
+
+@pytest.mark.real
+def test_cli_bench_concurrency_json(tiny_model_path: Path) -> None:
+    args = ["bench", "-m", str(tiny_model_path), "-d", str(tiny_model_path), "--n-ctx", "1024",
+            "--tasks", "code-edit", "--prompts-per-task", "1", "--max-tokens", "8",
+            "--strategies", "draft-2,auto", "--no-peers", "--concurrency", "1,2", "--json"]  # fmt: skip
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    records = json.loads(result.stdout)["records"]
+    assert [(r["level"], r["strategy"]) for r in records] == [
+        (1, "plain"), (1, "draft-2"), (1, "auto"), (2, "plain"), (2, "draft-2"), (2, "auto"),
+    ]  # fmt: skip
+    for r in records:
+        assert len(r["requests"]) == max(r["level"], 1)  # one prompt, repeated to fill the level
+        assert 0 < r["generated"] <= 8 * len(r["requests"])
+        assert r["ttft_p50"] is not None and 0 < r["ttft_p50"] <= r["ttft_p95"] <= r["wall"]
+        assert r["total_tokens_per_second"] > 0 and r["sampling_path"] == "argmax in llama.cpp"
+    assert records[1]["acceptance"] is not None and records[0]["acceptance"] is None
+
+
+def test_the_load_report_divides_by_plain_at_the_same_level() -> None:
+    from edgespec.bench_load import LoadRecord, Request, render_load_report
+
+    def record(level: int, strategy: str, tokens: int) -> LoadRecord:
+        r = LoadRecord(level, "code-edit", strategy, wall=2.0)
+        r.requests = [Request(0.0, 0.5, 2.0, tokens, 4, 2, "argmax in llama.cpp")]
+        return r
+
+    text = render_load_report(
+        [record(1, "plain", 20), record(1, "auto", 30), record(4, "plain", 40), record(4, "auto", 38)],
+        ["llama-server is not on PATH: its peer rows are skipped"],
+        "header",
+    )
+    assert "1.50x" in text and "0.95x" in text and "note: llama-server" in text
+
+
+FAKE_LLAMA_SERVER = '''
+import json, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+args = sys.argv[1:]
+port = int(args[args.index("--port") + 1])
+drafting = "-md" in args
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+        self.wfile.write(b'{"status": "ok"}')
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        assert isinstance(body["prompt"], list) and body["cache_prompt"] is False and body["stream"] is True
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        n = body["n_predict"]
+        for _ in range(n):
+            self.wfile.write(b'data: {"content": "x", "stop": false}\\n\\n')
+        timings = {"predicted_n": n, "draft_n": 4 if drafting else 0, "draft_n_accepted": 3 if drafting else 0}
+        self.wfile.write(("data: " + json.dumps({"content": "", "stop": True, "tokens_predicted": n,
+                                                  "timings": timings}) + "\\n\\n").encode())
+
+
+ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+'''
+
+
+@pytest.mark.real
+def test_llama_server_on_path_runs_as_a_peer_at_each_level(tiny_model_path: Path, tmp_path: Path, monkeypatch) -> None:
+    """A stand-in for llama.cpp's server binary (it answers /health and streams /completion as llama-server does):
+    the bench starts it per level with -np N, with and without -md, and reads its stream and timings."""
+    import stat
+    import sys
+
+    from edgespec.bench_load import run_load_bench
+    from edgespec.models.backend import Model
+
+    binary = tmp_path / "llama-server"
+    binary.write_text(f"#!{sys.executable}\n{FAKE_LLAMA_SERVER}")
+    binary.chmod(binary.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{__import__('os').environ['PATH']}")
+    tasks = load_tasks(["code-edit"], prompts_per_task=1)
+    params = SamplingParams(temperature=0, max_tokens=6)
+    with Model(tiny_model_path, n_ctx=512, n_seq=2) as target, Model(tiny_model_path, n_ctx=512, n_seq=2) as draft:
+        records, notes = run_load_bench(target, draft, tasks, ["plain"], params, [2], lookup_len=4)
+    assert notes == []
+    by = {r.strategy: r for r in records}
+    assert set(by) == {"plain", "llama-server", "llama-server-draft"}
+    peer, drafting = by["llama-server"], by["llama-server-draft"]
+    assert len(peer.requests) == 2 and all(q.generated == 6 and q.first is not None for q in peer.requests)
+    assert peer.acceptance is None and drafting.acceptance == pytest.approx(0.75)

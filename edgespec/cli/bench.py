@@ -24,6 +24,7 @@ from edgespec.bench import (
     render_report,
     run_bench,
 )
+from edgespec.bench_load import default_levels, records_json, render_load_report, run_load_bench
 from edgespec.cli.common import load_runtime, model_options, user_errors
 
 
@@ -92,6 +93,15 @@ def _split(value: str | None) -> list[str]:
 @click.option(
     "--repeats", type=click.IntRange(min=1), default=3, show_default=True, help="Repetitions for --loop-cost."
 )
+@click.option(
+    "--concurrency",
+    metavar="N[,N...]",
+    default=None,
+    help="Instead of one request at a time: for each level N, N clients send the suite's prompts at once (a "
+    "closed loop per task class) to one engine per strategy with N lanes; prints total and per-request tok/s, "
+    "time to first token p50/p95 and acceptance per level, class and strategy, with llama-server -np N (plain "
+    "and with the draft) as a peer when it is on PATH. E.g. --concurrency 1,2,4.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print all measurements and summaries as JSON.")
 def bench(
     tasks: str | None,
@@ -106,6 +116,7 @@ def bench(
     costs: bool,
     loop_cost: bool,
     repeats: int,
+    concurrency: str | None,
     as_json: bool,
     **opts: Any,
 ) -> None:
@@ -129,7 +140,8 @@ def bench(
         params = SamplingParams(temperature=temperature, seed=seed, max_tokens=max_tokens)
         names = _split(strategies) + (list(PEER_STRATEGIES) if peers else [])
         parse_strategies(names, has_draft=True)  # a typo fails before the models load
-        with load_runtime(opts, quiet=as_json) as runtime:
+        levels = default_levels(concurrency) if concurrency else None
+        with load_runtime(opts, quiet=as_json, parallel=max(levels) if levels else 1) as runtime:
             target, draft = runtime.engine.target, runtime.engine.draft_model
             if costs:
                 table = {
@@ -141,6 +153,9 @@ def bench(
                 return
             if loop_cost:
                 _loop_cost(target, draft, suite, params, repeats, as_json)
+                return
+            if levels is not None:
+                _concurrency(target, draft, suite, _split(strategies), params, levels, lookup_len, peers, opts, as_json)
                 return
             if draft is None and any(_DRAFT_N.fullmatch(n) for n in names):
                 click.echo("note: no draft model, so the draft-N strategies are skipped", err=True)
@@ -158,6 +173,42 @@ def bench(
         click.echo(json.dumps(result.to_json(), indent=1))
     else:
         click.echo(render_report(result))
+
+
+def _concurrency(
+    target: Any, draft: Any, suite: Any, strategies: list[str], params: Any, levels: list[int], lookup_len: int,
+    peers: bool, opts: dict[str, Any], as_json: bool,
+) -> None:  # fmt: skip
+    import json
+
+    from tqdm import tqdm
+
+    if target.n_seq < max(levels):
+        click.echo(
+            f"note: the KV cache of {max(levels)} sequences does not fit; levels above {target.n_seq} are skipped",
+            err=True,
+        )
+        levels = [n for n in levels if n <= target.n_seq]
+    n_strategies = len(parse_strategies(strategies, has_draft=draft is not None)) + (2 if peers else 0)
+    with tqdm(total=len(levels) * len(suite) * n_strategies, desc="bench", unit="run", file=sys.stderr,
+              disable=None, leave=False) as bar:  # fmt: skip
+
+        def on_run(record: Any) -> None:
+            bar.set_postfix_str(f"N={record.level} {record.task} {record.strategy}", refresh=False)
+            bar.update(1)
+
+        records, notes = run_load_bench(
+            target, draft, suite, strategies, params, levels, lookup_len=lookup_len, p_min=opts["p_min"],
+            peers=peers, on_run=on_run,
+        )  # fmt: skip
+    if as_json:
+        click.echo(json.dumps({"records": records_json(records), "notes": notes}, indent=1))
+        return
+    header = (
+        f"concurrency: target {target.name}, draft {draft.name if draft is not None else 'none'}, "
+        f"T={params.temperature:g}, up to {params.max_tokens} tokens a request, {target.n_threads} threads"
+    )
+    click.echo(render_load_report(records, notes, header))
 
 
 def _loop_cost(target: Any, draft: Any, suite: Any, params: Any, repeats: int, as_json: bool) -> None:

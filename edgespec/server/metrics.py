@@ -83,5 +83,5 @@ class ServerMetrics:
 
 
 def _engine_count(worker: GenerationWorker, attribute: str) -> float:
-    loaded = worker.loaded
+    loaded = getattr(worker, "loaded", None)
     return float(getattr(loaded.runtime.engine, attribute, 0)) if loaded is not None else 0.0

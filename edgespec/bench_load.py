@@ -1,0 +1,352 @@
+"""``edgespec bench --concurrency 1,2,4``: the suite's prompts sent by N clients at once, per strategy.
+
+For each concurrency level N, each strategy gets one engine with N lanes on the same loaded models (loaded for the
+largest N) and a warm-up request; then, for each task class, N client threads take the class's prompts (repeated
+until there are at least N) from a shared list, one request after another, as a closed loop. Every cache is
+emptied before each run, so that the time to first token includes the prompt's prefill for every strategy and
+peer alike. Reported per (level, class, strategy): total tok/s (tokens over the run's wall time), per-request tok/s
+(each request's tokens over its own time from first token to last), time to first token p50/p95 (from the
+request's start), the acceptance rate and where sampling ran.
+
+llama.cpp's own server is a peer when its binary is on PATH (``llama-server``): started per level with ``-np N``
+(continuous batching over a unified KV cache), plain and with the draft model (``-md``), fed the same prompt tokens
+through its ``/completion`` endpoint with prompt caching off.
+
+Ratios are measured side by side in one run; nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from edgespec.bench import PLAIN, Task, format_table, parse_strategies, percentile, render_prompt
+from edgespec.errors import EdgespecError
+
+if TYPE_CHECKING:
+    from edgespec.engine import Engine
+    from edgespec.models.backend import Model
+    from edgespec.sampling import SamplingParams
+
+LLAMA_SERVER = "llama-server"
+PEER_PLAIN, PEER_DRAFT = "llama-server", "llama-server-draft"
+SERVER_START_SECONDS = 180.0  # loading both models on a slow machine
+REQUEST_SECONDS = 600.0
+
+
+@dataclass
+class Request:
+    """One request's timeline, seconds from the run's start."""
+
+    start: float
+    first: float | None = None  # when its first token arrived
+    end: float = 0.0
+    generated: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    sampling_path: str = ""
+
+
+@dataclass
+class LoadRecord:
+    level: int
+    task: str
+    strategy: str
+    wall: float  # the run's seconds, first request's start to last request's end
+    requests: list[Request] = field(default_factory=list)
+
+    @property
+    def generated(self) -> int:
+        return sum(r.generated for r in self.requests)
+
+    @property
+    def total_rate(self) -> float:
+        return self.generated / self.wall if self.wall > 0 else 0.0
+
+    @property
+    def per_request_rate(self) -> float:
+        rates = [r.generated / (r.end - r.first) for r in self.requests if r.first is not None and r.end > r.first]
+        return sum(rates) / len(rates) if rates else 0.0
+
+    def ttft(self, q: float) -> float | None:
+        return percentile([r.first - r.start for r in self.requests if r.first is not None], q)
+
+    @property
+    def acceptance(self) -> float | None:
+        drafted = sum(r.drafted for r in self.requests)
+        return sum(r.accepted for r in self.requests) / drafted if drafted else None
+
+    @property
+    def sampling_path(self) -> str:
+        return ", ".join(sorted({r.sampling_path for r in self.requests if r.sampling_path}))
+
+
+# A runner generates one request and fills in its Request (from its own thread; several run at once).
+Runner = Callable[[list[int], "SamplingParams", Request, float], None]
+
+
+def engine_runner(engine: Engine) -> Runner:
+    from edgespec.events import Finished
+
+    def run(prompt: list[int], params: SamplingParams, request: Request, t0: float) -> None:
+        for event in engine.stream(prompt, params):
+            if request.first is None and event.tokens:
+                request.first = time.perf_counter() - t0
+            if isinstance(event, Finished):
+                s = event.stats
+                request.generated, request.drafted, request.accepted = s.generated, s.drafted, s.accepted
+                request.sampling_path = s.sampling_path
+        request.end = time.perf_counter() - t0
+
+    return run
+
+
+def closed_loop(runner: Runner, prompts: Sequence[list[int]], clients: int, params: SamplingParams) -> LoadRecord:
+    """``clients`` threads take the prompts in order, one request at a time each, until none is left."""
+    queue = list(reversed(prompts))
+    lock = threading.Lock()
+    record = LoadRecord(0, "", "", 0.0)
+    errors: list[BaseException] = []
+    t0 = time.perf_counter()
+
+    def client() -> None:
+        while True:
+            with lock:
+                if not queue or errors:
+                    return
+                prompt = queue.pop()
+                request = Request(time.perf_counter() - t0)
+                record.requests.append(request)
+            try:
+                runner(prompt, params, request, t0)
+            except BaseException as error:  # noqa: BLE001  # re-raised on the calling thread
+                errors.append(error)
+                return
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(REQUEST_SECONDS * len(prompts))
+    if errors:
+        raise errors[0]
+    if any(t.is_alive() for t in threads):
+        raise EdgespecError("a bench client did not finish in time")
+    record.wall = max((r.end for r in record.requests), default=0.0)
+    return record
+
+
+def run_load_bench(
+    target: Model,
+    draft: Model | None,
+    tasks: Sequence[Task],
+    strategies: Sequence[str],
+    params: SamplingParams,
+    levels: Sequence[int],
+    *,
+    lookup_len: int,
+    p_min: float = 0.0,
+    peers: bool = True,
+    on_run: Callable[[LoadRecord], None] | None = None,
+) -> tuple[list[LoadRecord], list[str]]:
+    """Every (level, class, strategy) run, and notes on what was skipped (a peer not on PATH)."""
+    from edgespec.bench import WARMUP_TOKENS, _engine_for
+
+    names = [s for s in parse_strategies(strategies, has_draft=draft is not None) if not s.startswith("llama-cpp")]
+    prompts = {t.name: [render_prompt(target, p.messages) for p in t.prompts] for t in tasks}
+    notes: list[str] = []
+    binary = shutil.which(LLAMA_SERVER) if peers else None
+    if peers and binary is None:
+        notes.append(f"{LLAMA_SERVER} is not on PATH: its peer rows are skipped")
+    records: list[LoadRecord] = []
+    warm = _replace(params, max_tokens=WARMUP_TOKENS)
+    for level in levels:
+        if level > target.n_seq:
+            raise EdgespecError(f"concurrency {level}: the models were loaded for {target.n_seq} sequences")
+        runners: dict[str, Runner] = {}
+        for name in names:
+            engine = _engine_for(name, target, draft, lookup_len, p_min, parallel=level)
+            runners[name] = engine_runner(engine)
+        servers: list[LlamaServer] = []
+        try:
+            if binary is not None:
+                for name, with_draft in ((PEER_PLAIN, False), (PEER_DRAFT, True)):
+                    if with_draft and draft is None:
+                        continue
+                    server = LlamaServer(binary, target, draft if with_draft else None, level)
+                    servers.append(server)
+                    runners[name] = server.runner()
+            for runner in runners.values():  # first calls pay one-off costs (and auto's calibration)
+                _clear(target, draft)
+                first = next(iter(prompts.values()))[0]
+                closed_loop(runner, [first] * level, level, warm)
+            for i, task in enumerate(tasks):
+                jobs = prompts[task.name]
+                jobs = (jobs * -(-level // len(jobs)))[: max(level, len(jobs))]
+                order = list(runners)[i % len(runners) :] + list(runners)[: i % len(runners)]
+                for name in order:
+                    _clear(target, draft)
+                    record = closed_loop(runners[name], jobs, level, params)
+                    record.level, record.task, record.strategy = level, task.name, name
+                    records.append(record)
+                    if on_run is not None:
+                        on_run(record)
+        finally:
+            for server in servers:
+                server.close()
+    return records, notes
+
+
+def _replace(params: SamplingParams, **changes: Any) -> SamplingParams:
+    from dataclasses import replace
+
+    return replace(params, **changes)
+
+
+def _clear(*models: Model | None) -> None:
+    """Empty every sequence's KV, so that the next run prefills its prompts as a peer does."""
+    for model in models:
+        if model is not None:
+            for slot in model.slots:
+                slot.truncate(0)
+
+
+def render_load_report(records: Sequence[LoadRecord], notes: Sequence[str], header: str) -> str:
+    """A row per (level, class, strategy), and an "all" row per (level, strategy); ratios to plain at the same
+    level."""
+    rows: list[list[str]] = []
+    by_level: dict[int, dict[str, list[LoadRecord]]] = {}
+    for r in records:
+        by_level.setdefault(r.level, {}).setdefault(r.strategy, []).append(r)
+    plain_rate: dict[tuple[int, str], float] = {(r.level, r.task): r.total_rate for r in records if r.strategy == PLAIN}
+    for level, strategies in by_level.items():
+        tasks = list(dict.fromkeys(r.task for rs in strategies.values() for r in rs))
+        for task in [*tasks, "all"]:
+            for strategy, rs in strategies.items():
+                chosen = rs if task == "all" else [r for r in rs if r.task == task]
+                if not chosen:
+                    continue
+                merged = LoadRecord(level, task, strategy, sum(r.wall for r in chosen))
+                merged.requests = [q for r in chosen for q in r.requests]
+                if task == "all":
+                    plain = [r for r in by_level[level].get(PLAIN, [])]
+                    base = sum(r.generated for r in plain) / sum(r.wall for r in plain) if plain else None
+                else:
+                    base = plain_rate.get((level, task))
+                ratio = merged.total_rate / base if base else None
+                p50, p95, acc = merged.ttft(50), merged.ttft(95), merged.acceptance
+                rows.append([
+                    str(level), task, strategy, str(len(merged.requests)), f"{merged.total_rate:.1f}",
+                    f"{merged.per_request_rate:.1f}", "-" if p50 is None else f"{p50:.2f}",
+                    "-" if p95 is None else f"{p95:.2f}", "-" if acc is None else f"{acc:.0%}",
+                    "-" if ratio is None else f"{ratio:.2f}x", merged.sampling_path or "-",
+                ])  # fmt: skip
+    table = format_table(
+        ["N", "task", "strategy", "reqs", "total tok/s", "per-req tok/s", "TTFT p50 s", "TTFT p95 s", "accept",
+         "vs plain", "sampling"],
+        rows,
+    )  # fmt: skip
+    return "\n".join([header, table, *(f"note: {n}" for n in notes)])
+
+
+def records_json(records: Sequence[LoadRecord]) -> list[dict[str, Any]]:
+    return [
+        dict(
+            level=r.level, task=r.task, strategy=r.strategy, wall=r.wall, generated=r.generated,
+            total_tokens_per_second=r.total_rate, per_request_tokens_per_second=r.per_request_rate,
+            ttft_p50=r.ttft(50), ttft_p95=r.ttft(95), acceptance=r.acceptance, sampling_path=r.sampling_path,
+            requests=[r.__dict__ for r in r.requests],
+        )  # fmt: skip
+        for r in records
+    ]
+
+
+# ----- llama-server as a peer --------------------------------------------------------------------------------
+class LlamaServer:
+    """llama.cpp's ``llama-server`` on the target (and draft) file with ``-np N``, on a free port of 127.0.0.1."""
+
+    def __init__(self, binary: str, target: Model, draft: Model | None, parallel: int) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        args = [
+            binary, "-m", str(target.path), "--host", "127.0.0.1", "--port", str(self.port),
+            "-np", str(parallel), "-c", str(target.n_ctx * parallel), "-t", str(target.n_threads),
+            "-ngl", str(target.n_gpu_layers if target.n_gpu_layers >= 0 else 999),
+        ]  # fmt: skip
+        if draft is not None:
+            args += ["-md", str(draft.path), "-ngld", str(draft.n_gpu_layers if draft.n_gpu_layers >= 0 else 999)]
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        import httpx
+
+        deadline = time.monotonic() + SERVER_START_SECONDS
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise EdgespecError(f"{LLAMA_SERVER} exited with code {self.process.returncode} while loading")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.close()
+        raise EdgespecError(f"{LLAMA_SERVER} did not become ready in {SERVER_START_SECONDS:.0f} s")
+
+    def runner(self) -> Runner:
+        import httpx
+
+        def run(prompt: list[int], params: SamplingParams, request: Request, t0: float) -> None:
+            body = {
+                "prompt": prompt, "n_predict": params.max_tokens, "temperature": params.temperature,
+                "top_k": params.top_k, "top_p": params.top_p, "min_p": params.min_p, "seed": params.seed or 0,
+                "stream": True, "cache_prompt": False,
+            }  # fmt: skip
+            with httpx.stream("POST", self.url + "/completion", json=body, timeout=REQUEST_SECONDS) as response:
+                response.raise_for_status()
+                for line in response.iter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    data = json.loads(line[6:])
+                    if request.first is None and data.get("content"):
+                        request.first = time.perf_counter() - t0
+                    if data.get("stop"):
+                        timings = data.get("timings") or {}
+                        request.generated = int(data.get("tokens_predicted") or timings.get("predicted_n") or 0)
+                        request.drafted = int(timings.get("draft_n") or 0)
+                        request.accepted = int(timings.get("draft_n_accepted") or 0)
+            request.end = time.perf_counter() - t0
+            request.sampling_path = "llama-server"
+
+        return run
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+
+def default_levels(text: str) -> list[int]:
+    """``"1,2,4"`` → ``[1, 2, 4]`` (each 1..16)."""
+    try:
+        levels = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise EdgespecError(f"--concurrency takes comma-separated counts like 1,2,4, got {text!r}") from None
+    if not levels or any(not 1 <= n <= 16 for n in levels):
+        raise EdgespecError(f"--concurrency levels must be 1..16, got {text!r}")
+    return levels
+
