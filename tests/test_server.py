@@ -495,7 +495,7 @@ MESSAGES = [{"role": "user", "content": "Hi"}]
         (CHAT, {"messages": [{"role": "robot", "content": "Hi"}]}, 400, "messages[0].role", "invalid_value"),
         (CHAT, {"messages": MESSAGES, "draft_len": "lots"}, 400, "draft_len", "invalid_value"),
         (CHAT, {"messages": MESSAGES, "n": 2}, 400, "n", "unsupported_parameter"),
-        (CHAT, {"messages": MESSAGES, "logprobs": True}, 400, "logprobs", "unsupported_parameter"),
+        (CHAT, {"messages": MESSAGES, "top_logprobs": 3}, 400, "top_logprobs", "invalid_value"),
         (CHAT, {"messages": MESSAGES, "tools": [{"type": "function"}]}, 400, "tools", "unsupported_parameter"),
         (
             CHAT,
@@ -638,3 +638,35 @@ def test_a_frequency_penalty_breaks_a_loop_through_the_openai_client(live: LiveS
     assert penalised.split().count("ha") < 5, penalised
     assert penalised == live.python_api(prompt, 32, temperature=0, frequency_penalty=1.5)[0]
     assert complete(extra_body={"repeat_penalty": 1.5, "repeat_last_n": 16}) != looping
+
+
+def test_logprobs_through_the_openai_client_plain_and_streamed(live: LiveServer, client: openai.OpenAI):
+    messages = chat_messages("Name three colours.")
+    reply = client.chat.completions.create(
+        model=ALIAS, messages=messages, max_tokens=12, temperature=0, logprobs=True, top_logprobs=5
+    )
+    content = reply.choices[0].logprobs.content
+    assert len(content) == reply.usage.completion_tokens - (reply.choices[0].finish_reason == "stop")
+    assert "".join(item.token for item in content) == reply.choices[0].message.content
+    for item in content:
+        tops = [t.logprob for t in item.top_logprobs]
+        assert len(tops) == 5 and tops == sorted(tops, reverse=True)
+        assert item.token == item.top_logprobs[0].token and item.logprob == pytest.approx(tops[0])  # greedy: the mode
+        assert bytes(item.bytes).decode("utf-8", "replace") == item.token
+    stream = client.chat.completions.create(
+        model=ALIAS, messages=messages, max_tokens=12, temperature=0, logprobs=True, top_logprobs=5, stream=True
+    )
+    streamed = [item for chunk in stream if chunk.choices and chunk.choices[0].logprobs
+                for item in chunk.choices[0].logprobs.content]  # fmt: skip
+    assert [(i.token, round(i.logprob, 5)) for i in streamed] == [(i.token, round(i.logprob, 5)) for i in content]
+
+    text = client.completions.create(
+        model=ALIAS, prompt="The sky is", max_tokens=8, temperature=0.8, seed=3, logprobs=3
+    )
+    lp = text.choices[0].logprobs
+    assert "".join(lp.tokens) == text.choices[0].text and len(lp.token_logprobs) == len(lp.tokens)
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    assert all(len(alternatives) == 3 and max(alternatives.values()) >= chosen - 1e-6
+               for alternatives, chosen in zip(lp.top_logprobs, lp.token_logprobs, strict=True))  # fmt: skip
+    plain = client.chat.completions.create(model=ALIAS, messages=messages, max_tokens=4, temperature=0)
+    assert plain.choices[0].logprobs is None

@@ -23,7 +23,13 @@ from edgespec.sampling import SamplingParams
 from edgespec.server.errors import ApiError, from_validation_error
 from edgespec.server.metrics import ServerMetrics
 from edgespec.server.middleware import ApiKeyMiddleware
-from edgespec.server.prepare import GenerationRequest, chat_messages, generation_request, refuse_unsupported
+from edgespec.server.prepare import (
+    GenerationRequest,
+    chat_messages,
+    generation_request,
+    refuse_unsupported,
+    requested_logprobs,
+)
 from edgespec.server.responses import ResponseShape, speculation, timings, usage
 from edgespec.server.schemas import ChatCompletionRequest, CompletionRequest
 from edgespec.server.settings import is_loopback
@@ -50,8 +56,6 @@ def request(draft_len="auto", lookup=True) -> GenerationRequest:
     ("fields", "param"),
     [
         ({"n": 3}, "n"),
-        ({"logprobs": True}, "logprobs"),
-        ({"top_logprobs": 2}, "top_logprobs"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"response_format": {"type": "json_schema"}}, "response_format"),
@@ -62,6 +66,37 @@ def test_unsupported_chat_features_are_refused_by_name(fields, param):
         refuse_unsupported(chat(**fields))
     assert err.value.status == 400 and err.value.param == param
     assert "not supported" in err.value.message
+
+
+@pytest.mark.parametrize(
+    ("fields", "wanted"),
+    [({}, None), ({"logprobs": False}, None), ({"logprobs": True}, 0), ({"logprobs": True, "top_logprobs": 5}, 5)],
+)
+def test_chat_logprobs_map_to_the_alternatives_per_token(fields, wanted):
+    assert requested_logprobs(chat(**fields)) == wanted
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs"),
+        ({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"messages": [{"role": "user", "content": "x"}], "logprobs": "yes"}, "logprobs"),
+        ({"prompt": "x", "logprobs": 21}, "logprobs"),
+        ({"prompt": "x", "logprobs": True}, "logprobs"),
+    ],
+)
+def test_bad_logprobs_requests_are_400_naming_the_field(body, param):
+    schema = ChatCompletionRequest if "messages" in body else CompletionRequest
+    with pytest.raises(ApiError) as err:
+        requested_logprobs(schema.model_validate(body))
+    assert err.value.status == 400 and err.value.param == param
+
+
+def test_completion_logprobs_are_the_alternatives_per_token():
+    assert requested_logprobs(CompletionRequest.model_validate({"prompt": "x", "logprobs": 3})) == 3
+    assert requested_logprobs(CompletionRequest.model_validate({"prompt": "x", "logprobs": 0})) == 0
+    assert requested_logprobs(CompletionRequest.model_validate({"prompt": "x"})) is None
 
 
 def test_what_openai_sends_by_default_is_accepted():

@@ -129,7 +129,7 @@ def create_app(load: Callable[[], Runtime], settings: ServerSettings | None = No
         prompt = await run_in_threadpool(prompt_tokens, loaded.runtime, source)
         generation = generation_request(loaded, body, prompt)
         job = worker.submit(generation)
-        shape = ResponseShape(kind, served)
+        shape = ResponseShape(kind, served, piece=loaded.runtime.engine.target.piece)
         draft_model = loaded.runtime.draft.name if loaded.runtime.draft is not None else None
 
         def extras(outcome: Outcome) -> dict:
@@ -144,7 +144,8 @@ def create_app(load: Callable[[], Runtime], settings: ServerSettings | None = No
         outcome = await result_unless_disconnected(worker, job, request.receive)
         if outcome is None:
             return Response(status_code=499)  # nginx's "client closed request": only the access log sees it
-        return JSONResponse(shape.complete(outcome, extras(outcome)))
+        wants_logprobs = generation.params.logprobs is not None
+        return JSONResponse(shape.complete(outcome, extras(outcome), logprobs=wants_logprobs))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:

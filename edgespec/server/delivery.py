@@ -49,6 +49,8 @@ async def _frames(
     """
     first = True
     log = RoundLog()
+    offset = 0  # characters of the output before the chunk (the completions' text_offset)
+    wants_logprobs = job.request.params.logprobs is not None
     try:
         async for item in job.events():
             if isinstance(item, Outcome):
@@ -59,8 +61,12 @@ async def _frames(
                 yield _json({**last, **extras(item), "edgespec": log.finish(item.finished.stats)})
                 continue
             log.observe(item)
-            if item.text:
-                piece = shape.chunk(item.text, first=first)
+            if item.text or item.logprobs:  # a chunk whose text is held back still carries its tokens' logprobs
+                piece = shape.chunk(
+                    item.text, first=first, logprobs=item.logprobs if wants_logprobs else None, offset=offset
+                )
+                if wants_logprobs:
+                    offset += sum(len(shape.token_text(lp.token)) for lp in item.logprobs)
                 if include_usage:
                     piece["usage"] = None
                 yield _json({**piece, "edgespec": log.frame(item)})

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from edgespec.engine import parse_draft_len
 from edgespec.errors import EdgespecError
+from edgespec.logprobs import MAX_TOP_LOGPROBS
 from edgespec.models.chat_template import ROLES
 from edgespec.sampling import SamplingParams
 from edgespec.server.errors import ApiError, bad_request
@@ -44,13 +45,9 @@ def refuse_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None:
 
     if body.n is not None and body.n != 1:
         refuse("n", "n > 1 (several choices per request)")
-    if body.logprobs not in (None, False):
-        refuse("logprobs", "logprobs")
     if body.response_format is not None and body.response_format != {"type": "text"}:
         refuse("response_format", "response_format other than text (JSON mode, JSON schema)")
     if isinstance(body, ChatCompletionRequest):
-        if body.top_logprobs is not None:
-            refuse("top_logprobs", "top_logprobs")
         if body.tools or body.functions:
             refuse("tools" if body.tools else "functions", "tool calling")
         if body.tool_choice not in (None, "none", "auto") or body.function_call not in (None, "none", "auto"):
@@ -189,11 +186,36 @@ def generation_request(
         fields["logit_bias"] = _logit_bias(body.logit_bias, loaded.runtime.engine.target.n_vocab)
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     seed = body.seed if body.seed is not None and body.seed >= 0 else None
+    fields["logprobs"] = requested_logprobs(body)
     try:
         params = SamplingParams(**fields, seed=seed, max_tokens=max_tokens, stop=tuple(stop))
     except EdgespecError as exc:
         raise bad_request(str(exc)) from exc
     return GenerationRequest(prompt, params, draft_len, lookup)
+
+
+def requested_logprobs(body: ChatCompletionRequest | CompletionRequest) -> int | None:
+    """How many alternatives to list per token (0: the token's own log-probability only), or None for none: chat's
+    ``logprobs: true`` with ``top_logprobs``, or the completions' ``logprobs: N``."""
+    if isinstance(body, ChatCompletionRequest):
+        if body.logprobs not in (None, True, False):
+            raise bad_request(
+                "logprobs must be true or false (top_logprobs says how many alternatives)", param="logprobs"
+            )
+        top = body.top_logprobs
+        if top is not None and not (isinstance(top, int) and 0 <= top <= MAX_TOP_LOGPROBS):
+            raise bad_request(f"top_logprobs must be an integer 0..{MAX_TOP_LOGPROBS}", param="top_logprobs")
+        if top is not None and not body.logprobs:
+            raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
+        return (top or 0) if body.logprobs else None
+    n = body.logprobs
+    if n is None or n is False:
+        return None
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_TOP_LOGPROBS:
+        raise bad_request(
+            f"logprobs must be an integer 0..{MAX_TOP_LOGPROBS} (the alternatives per token)", param="logprobs"
+        )
+    return n
 
 
 def _logit_bias(bias: dict[str, float], n_vocab: int) -> dict[int, float]:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from edgespec.events import Stats
+from edgespec.events import Stats, TokenLogprob
 from edgespec.server.prepare import GenerationRequest
 from edgespec.server.worker import Outcome
 
@@ -98,6 +99,7 @@ class ResponseShape:
     model: str
     id: str = field(default="")
     created: int = field(default_factory=lambda: int(time.time()))
+    piece: Callable[[int], bytes] | None = None  # a token's bytes, for log-probabilities' token texts
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -107,33 +109,79 @@ class ResponseShape:
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def complete(self, outcome: Outcome, extras: dict) -> dict:
-        """The whole response of a non-streamed request."""
+    def complete(self, outcome: Outcome, extras: dict, *, logprobs: bool = False) -> dict:
+        """The whole response of a non-streamed request (``logprobs``: the request asked for them)."""
         finished = outcome.finished
         reason = FINISH_REASONS[finished.finish_reason]
+        listed = self.logprobs(finished.logprobs) if logprobs else None
         if self.kind == "chat":
             choice = {
                 "index": 0,
                 "message": {"role": "assistant", "content": finished.text},
-                "logprobs": None,
+                "logprobs": listed,
                 "finish_reason": reason,
             }
             head = self._head("chat.completion")
         else:
-            choice = {"index": 0, "text": finished.text, "logprobs": None, "finish_reason": reason}
+            choice = {"index": 0, "text": finished.text, "logprobs": listed, "finish_reason": reason}
             head = self._head("text_completion")
         return {**head, "choices": [choice], "usage": usage(finished.stats), **extras}
 
-    def chunk(self, text: str | None, *, first: bool, finish_reason: str | None = None) -> dict:
-        """A streamed piece; the chat's first delta carries the role, the last one the finish reason."""
+    def chunk(
+        self,
+        text: str | None,
+        *,
+        first: bool,
+        finish_reason: str | None = None,
+        logprobs: Sequence[TokenLogprob] | None = None,
+        offset: int = 0,
+    ) -> dict:
+        """A streamed piece; the chat's first delta carries the role, the last one the finish reason. ``logprobs``:
+        those of the chunk's tokens (``offset``: the output's characters before them, for text completions)."""
+        listed = self.logprobs(logprobs, offset) if logprobs is not None else None
         if self.kind == "chat":
             delta: dict = {"role": "assistant"} if first else {}
             if text is not None:
                 delta["content"] = text
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "delta": delta, "logprobs": listed, "finish_reason": finish_reason}
             return {**self._head("chat.completion.chunk"), "choices": [choice]}
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text or "", "logprobs": listed, "finish_reason": finish_reason}
         return {**self._head("text_completion"), "choices": [choice]}
+
+    def token_text(self, token: int) -> str:
+        assert self.piece is not None
+        return self.piece(token).decode("utf-8", errors="replace")
+
+    def logprobs(self, items: Sequence[TokenLogprob], offset: int = 0) -> dict:
+        """OpenAI's ``logprobs`` object: chat's ``content`` list, or the completions' parallel lists."""
+        assert self.piece is not None, "a response with log-probabilities needs the model's token pieces"
+        piece, text = self.piece, self.token_text
+
+        if self.kind == "chat":
+            return {
+                "content": [
+                    {
+                        "token": text(item.token),
+                        "logprob": item.logprob,
+                        "bytes": list(piece(item.token)),
+                        "top_logprobs": [
+                            {"token": text(t), "logprob": lp, "bytes": list(piece(t))} for t, lp in item.top
+                        ],
+                    }
+                    for item in items
+                ],
+                "refusal": None,
+            }
+        offsets = []
+        for item in items:
+            offsets.append(offset)
+            offset += len(text(item.token))
+        return {
+            "tokens": [text(item.token) for item in items],
+            "token_logprobs": [item.logprob for item in items],
+            "top_logprobs": [{text(t): lp for t, lp in item.top} for item in items],
+            "text_offset": offsets,
+        }
 
     def usage_chunk(self, outcome: Outcome) -> dict:
         """The extra last chunk of ``stream_options.include_usage``: no choices, the usage."""

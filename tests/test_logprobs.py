@@ -1,0 +1,88 @@
+"""Log-probabilities of committed tokens: the target's raw softmax at each position, whichever drafter proposed the
+token, on fakes (exact rows) and on the tiny model against llama.cpp's own logits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fakes import FakeModel
+
+from edgespec.engine import Engine
+from edgespec.events import Chunk, Finished
+from edgespec.logprobs import token_logprob
+from edgespec.sampling import LOGITS, SamplingParams
+
+PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]  # repeats: lookup drafts from the first round
+
+
+def log_softmax(row: np.ndarray) -> np.ndarray:
+    x = row.astype(np.float64)
+    return x - (x.max() + np.log(np.exp(x - x.max()).sum()))
+
+
+def test_a_token_logprob_is_the_log_softmax_with_the_best_alternatives_first() -> None:
+    rng = np.random.default_rng(0)
+    row = (rng.normal(size=5000) * 4).astype(np.float32)
+    item = token_logprob(row, 17, 5)
+    reference = log_softmax(row)
+    assert item.token == 17 and item.logprob == pytest.approx(reference[17], abs=1e-9)
+    assert [t for t, _ in item.top] == list(np.argsort(-reference)[:5])
+    assert [lp for _, lp in item.top] == pytest.approx(sorted(reference, reverse=True)[:5], abs=1e-9)
+    assert token_logprob(row, 3, 0).top == ()
+
+
+def check_against_rows(target: FakeModel, finished: Finished, chunks: list[Chunk]) -> None:
+    out = list(finished.tokens)
+    assert [lp.token for lp in finished.logprobs] == out
+    assert [lp for c in chunks for lp in c.logprobs] == list(finished.logprobs)  # streamed as committed
+    for i, item in enumerate(finished.logprobs):
+        reference = log_softmax(target.logits_after(PROMPT + out[:i]))
+        assert item.logprob == pytest.approx(reference[out[i]], abs=1e-6)
+        assert [t for t, _ in item.top] == list(np.argsort(-reference, kind="stable")[:3])
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+@pytest.mark.parametrize("drafter", ["model", "lookup"])
+def test_every_committed_token_has_the_targets_raw_logprob_drafted_or_not(temperature: float, drafter: str) -> None:
+    target = FakeModel(n_vocab=9, eos_bias=-9)
+    draft = FakeModel(n_vocab=9, seed=1, noise=0.5, eos_bias=-9) if drafter == "model" else None
+    engine = Engine(target, draft, draft_len=3, lookup=drafter == "lookup")
+    params = SamplingParams(temperature=temperature, top_k=5, repeat_penalty=1.3, seed=4, max_tokens=30, logprobs=3)
+    events = list(engine.stream(PROMPT, params))
+    chunks, finished = events[:-1], events[-1]
+    assert isinstance(finished, Finished) and finished.stats.accepted > 0  # drafted tokens among them
+    assert all(r == LOGITS for r in target.readouts[1:])  # whole rows: the normaliser needs every logit
+    check_against_rows(target, finished, chunks)
+
+
+def test_no_logprobs_unless_asked() -> None:
+    target = FakeModel(eos_bias=-9)
+    events = list(Engine(target, None, draft_len=0).stream(PROMPT, SamplingParams(temperature=0, max_tokens=5)))
+    assert all(e.logprobs == () for e in events)
+    with pytest.raises(Exception, match="logprobs"):
+        SamplingParams(logprobs=21)
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_logprobs_equal_llama_cpp_logits_at_every_position(tiny_model_path: Path, temperature: float) -> None:
+    """The tiny model drafting for itself (most tokens are drafted), against the log-softmax of the logits llama.cpp
+    computes for the same tokens one decode at a time."""
+    from edgespec.models.backend import Model
+
+    with Model(tiny_model_path, n_ctx=512) as target, Model(tiny_model_path, n_ctx=512) as draft:
+        prompt = target.tokenize("def fibonacci(n):")
+        params = SamplingParams(temperature=temperature, seed=2, max_tokens=24, logprobs=5)
+        finished = list(Engine(target, draft, draft_len=3, lookup=False).stream(prompt, params))[-1]
+        assert finished.stats.accepted > 0
+        out = list(finished.tokens)
+        target.truncate(0)
+        target.decode(prompt[:-1])
+        for i, item in enumerate(finished.logprobs):
+            row = target.decode([([*prompt, *out])[len(prompt) - 1 + i]], [0], LOGITS)[0]
+            reference = log_softmax(row)
+            assert item.logprob == pytest.approx(reference[out[i]], abs=1e-3)
+            assert [lp for _, lp in item.top] == sorted((lp for _, lp in item.top), reverse=True)
+            assert item.top[0][1] == pytest.approx(reference.max(), abs=1e-3)
