@@ -39,6 +39,9 @@ MAX_PARALLEL = 16
 # Prompt tokens a step prefills for a newly admitted request while others are in rounds: on a 2-core CPU ~1 s
 # of the 1.5B's prefill, so a long prompt delays the others' tokens by that much a step, not by the whole prompt.
 PREFILL_CHUNK = 128
+# A prompt prefix another lane holds is copied from it when at least this long: the copy moves a whole KV buffer
+# (llama.cpp copies no less between sequences), which costs about what decoding a few dozen tokens does.
+MIN_SHARED_PREFIX = 64
 
 
 def parse_draft_len(value: str | int) -> int | str:
@@ -384,13 +387,17 @@ class Engine:
         rounds, :data:`PREFILL_CHUNK` tokens a step, so that a long prompt does not stall them. A bit-exact target
         prefills on its own decode here: a verify must stay a small batch to round as a single step does."""
         parts = []
-        chunk = PREFILL_CHUNK if others_in_rounds else self.target.n_batch * 64
+        bit_exact = getattr(self.target, "bit_exact", False)
+        # Bit-exact: the whole prompt as a lone request prefills it (its KV must round as that one's does).
+        chunk = PREFILL_CHUNK if others_in_rounds and not bit_exact else self.target.n_batch * 64
         for generation in joining:
             try:
+                if not generation.prefill_begun:
+                    self._share_prefix(generation)
                 part = generation.prefill_part(chunk)
                 if part is None:  # the lane's KV already held the whole prompt
                     self._begin(generation)
-                elif getattr(self.target, "bit_exact", False):
+                elif bit_exact:
                     part[0].decode(*part[1:])
                     if generation.prefill_done:
                         self._begin(generation)
@@ -399,6 +406,23 @@ class Engine:
             except Exception as error:  # noqa: BLE001  # its own prompt's failure
                 generation.fail(error)
         return parts
+
+    def _share_prefix(self, generation: Generation) -> None:
+        """When another lane's KV holds more of this prompt than this lane's does (the same prompt for several
+        choices, a shared system prompt), copy those cells instead of prefilling them again."""
+        lane, want = generation.lane, generation.ctx[:-1]
+        own = common_prefix(lane.target.kv_tokens, want)
+        donor, best = None, own
+        for other in self._lanes:
+            if other is not lane:
+                shared = common_prefix(other.target.kv_tokens, want)
+                if shared > best:
+                    donor, best = other, shared
+        if donor is None or best < MIN_SHARED_PREFIX or not hasattr(lane.target, "copy_prefix_from"):
+            return
+        lane.target.copy_prefix_from(donor.target, best)
+        if lane.draft is not None and donor.draft is not None:
+            lane.draft.copy_prefix_from(donor.draft, common_prefix(donor.draft.kv_tokens, want[:best]))
 
     def _begin(self, generation: Generation) -> None:
         """The prompt is in the target's KV: bring the drafters in step, calibrate once, and start the rounds."""

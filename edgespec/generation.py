@@ -120,6 +120,10 @@ class Generation:
         return (target, want[have : have + limit], (), LOGITS)
 
     @property
+    def prefill_begun(self) -> bool:
+        return self._prefill_start is not None
+
+    @property
     def prefill_done(self) -> bool:
         return len(self.lane.target.kv_tokens) >= len(self.ctx) - 1
 

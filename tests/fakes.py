@@ -50,6 +50,8 @@ class FakeModel:
         # Sequences as the real Model has them: slot 0 is the model itself, the others share its rows
         self.slots = [self] + [FakeSlot(self, i) for i in range(1, n_seq)]
         self.batches: list[list[int]] = []  # the rows of each part of each batched decode
+        self.copies: list[tuple[int, int, int]] = []  # (from, to, cells) of each KV prefix copied
+        self.seq_id = 0
 
     @property
     def n_seq(self) -> int:
@@ -120,6 +122,10 @@ class FakeModel:
     def truncate(self, n_keep: int) -> None:
         del self.kv_tokens[n_keep:]
 
+    def copy_prefix_from(self, source, n: int) -> None:
+        self.kv_tokens = list(source.kv_tokens[:n])
+        self.copies.append((source.seq_id, 0, n))
+
     def tokenize(self, text: str, **_: object) -> list[int]:
         return [1 + (ord(c) - ord("a")) % (self.n_vocab - 1) for c in text]
 
@@ -146,6 +152,10 @@ class FakeSlot:
 
     def truncate(self, n_keep: int) -> None:
         del self.kv_tokens[n_keep:]
+
+    def copy_prefix_from(self, source, n: int) -> None:
+        self.kv_tokens = list(source.kv_tokens[:n])
+        self.model.copies.append((source.seq_id, self.seq_id, n))
 
     sync = Model.sync
 

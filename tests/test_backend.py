@@ -191,3 +191,22 @@ def test_a_batch_llama_cpp_would_abort_on_is_refused_first(tiny3: Model) -> None
     with pytest.raises(ContextOverflowError):
         tiny3.decode_batch([(tiny3.slots[1], [1] * (tiny3.n_ctx + 1), (), LOGITS)])
     assert tiny3.n_ctx >= 256  # each sequence has the context asked for, not a third of it
+
+
+def test_a_sequence_copies_another_ones_prefix_and_continues_as_it_would(tiny3: Model) -> None:
+    prompt = tiny3.tokenize("The quick brown fox jumps over the lazy dog. " * 3)
+    source, copy, bystander = tiny3.slots
+    for slot in tiny3.slots:
+        slot.truncate(0)
+    bystander.decode(prompt[:5])
+    source.decode(prompt)
+    copy.copy_prefix_from(source, len(prompt) - 4)  # llama.cpp copies the whole buffer; the rest is dropped
+    assert copy.kv_tokens == prompt[:-4] and source.kv_tokens == prompt and bystander.kv_tokens == prompt[:5]
+    resumed = copy.decode(prompt[-4:], [3], LOGITS)
+    source.truncate(len(prompt) - 4)
+    again = source.decode(prompt[-4:], [3], LOGITS)
+    assert np.allclose(resumed, again, atol=1e-3)
+    with pytest.raises(ValueError, match="prefix"):
+        copy.copy_prefix_from(copy, 1)
+    for slot in tiny3.slots:
+        slot.truncate(0)

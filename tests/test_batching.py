@@ -244,3 +244,16 @@ def test_the_row_budget_caps_a_plan() -> None:
 def test_a_parallel_engine_needs_models_loaded_with_the_sequences() -> None:
     with pytest.raises(InvalidParameterError, match="parallel"):
         Engine(FakeModel(), None, parallel=2)
+
+
+def test_a_prompt_another_lane_holds_is_copied_not_prefilled_again() -> None:
+    target = FakeModel(eos_bias=-9, n_seq=3, n_ctx=512)
+    draft = FakeModel(seed=1, noise=1.0, eos_bias=-9, n_seq=3, n_ctx=512)
+    runtime = Runtime(Engine(target, draft, draft_len=2))
+    long_prompt = [1 + (i * 7) % 11 for i in range(100)]
+    greedy = SamplingParams(temperature=0, max_tokens=6)
+    first, second, third = runtime.generate_many([long_prompt] * 3, greedy)
+    assert first.tokens == second.tokens == third.tokens == tuple(plain_greedy(long_prompt, 6, target))
+    assert first.stats.prefilled_tokens == 99 and second.stats.prefilled_tokens == third.stats.prefilled_tokens == 0
+    assert {(to, n) for _, to, n in target.copies} == {(1, 99), (2, 99)}  # lanes 1 and 2 copied lane 0's prompt
+    assert draft.copies  # the draft model's KV too

@@ -494,7 +494,8 @@ MESSAGES = [{"role": "user", "content": "Hi"}]
         (CHAT, {"messages": MESSAGES, "stream": "yes"}, 400, "stream", "invalid_value"),
         (CHAT, {"messages": [{"role": "robot", "content": "Hi"}]}, 400, "messages[0].role", "invalid_value"),
         (CHAT, {"messages": MESSAGES, "draft_len": "lots"}, 400, "draft_len", "invalid_value"),
-        (CHAT, {"messages": MESSAGES, "n": 2}, 400, "n", "unsupported_parameter"),
+        (CHAT, {"messages": MESSAGES, "n": 2, "stream": True}, 400, "n", "unsupported_parameter"),
+        (CHAT, {"messages": MESSAGES, "n": 17}, 400, "n", "invalid_value"),
         (CHAT, {"messages": MESSAGES, "top_logprobs": 3}, 400, "top_logprobs", "invalid_value"),
         (CHAT, {"messages": MESSAGES, "tools": [{"type": "function"}]}, 400, "tools", "unsupported_parameter"),
         (

@@ -97,3 +97,21 @@ def test_eight_clients_disconnects_an_overflow_and_a_full_queue(live4: LiveServe
     reply = live4.client().completions.create(model=ALIAS, prompt="Hello", max_tokens=4)
     assert reply.choices[0].finish_reason in ("stop", "length")
     assert httpx.get(live4.url + "/health").json() == {"status": "ok"}
+
+
+def test_n_choices_share_the_prompt_and_each_is_seeded_apart(live4: LiveServer) -> None:
+    client = live4.client()
+    messages = [{"role": "user", "content": "Write one word."}]
+    greedy = client.chat.completions.create(model=ALIAS, messages=messages, max_tokens=8, temperature=0, n=3)
+    assert [c.index for c in greedy.choices] == [0, 1, 2]
+    alone = client.chat.completions.create(model=ALIAS, messages=messages, max_tokens=8, temperature=0)
+    assert {c.message.content for c in greedy.choices} == {alone.choices[0].message.content}
+    hot_request = dict(
+        model=ALIAS, prompt="Once upon a time", max_tokens=12, temperature=1.5, top_p=1.0, seed=5, n=3,
+        extra_body={"top_k": 0, "min_p": 0},
+    )  # fmt: skip
+    hot = client.completions.create(**hot_request)
+    assert len({c.text for c in hot.choices}) > 1  # three seeds, three draws
+    again = client.completions.create(**hot_request)
+    assert [c.text for c in again.choices] == [c.text for c in hot.choices]  # each choice's seed repeats it
+    assert 3 <= hot.usage.completion_tokens <= 3 * 12  # the three choices' tokens

@@ -55,7 +55,7 @@ def request(draft_len="auto", lookup=True) -> GenerationRequest:
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"n": 3}, "n"),
+        ({"n": 3, "stream": True}, "n"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"response_format": {"type": "json_schema"}}, "response_format"),

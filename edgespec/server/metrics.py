@@ -65,18 +65,19 @@ class ServerMetrics:
             self.requests_cancelled.inc()
         if job.outcome is None:
             return
-        stats = job.outcome.finished.stats
-        self.prompt_tokens.inc(stats.prefilled_tokens)
-        self.tokens_predicted.inc(stats.generated)
         self.num_drafts.inc(job.outcome.draft_rounds)
-        self.num_draft_tokens.inc(stats.drafted)
-        self.num_accepted_tokens.inc(stats.accepted)
-        # accepted_per_round[k] rounds accepted exactly k, so position i was accepted in every round with k > i.
-        hist = stats.accepted_per_round
-        for position in range(len(hist) - 1):
-            accepted_here = sum(hist[position + 1 :])
-            if accepted_here:
-                self.accepted_per_pos.labels(position=str(position)).inc(accepted_here)
+        for finished in job.outcome.choices:  # n > 1: every choice's tokens
+            stats = finished.stats
+            self.prompt_tokens.inc(stats.prefilled_tokens)
+            self.tokens_predicted.inc(stats.generated)
+            self.num_draft_tokens.inc(stats.drafted)
+            self.num_accepted_tokens.inc(stats.accepted)
+            # accepted_per_round[k] rounds accepted exactly k, so position i was accepted in every round with k > i.
+            hist = stats.accepted_per_round
+            for position in range(len(hist) - 1):
+                accepted_here = sum(hist[position + 1 :])
+                if accepted_here:
+                    self.accepted_per_pos.labels(position=str(position)).inc(accepted_here)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -35,6 +35,10 @@ class GenerationRequest:
     params: SamplingParams
     draft_len: int | str  # "auto" or a fixed γ (0 = plain decoding)
     lookup: bool
+    n: int = 1  # choices: requests of the same prompt, each with its own seed
+
+
+MAX_CHOICES = 16  # n: more choices than this many sequences would mostly wait for each other
 
 
 def refuse_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None:
@@ -43,8 +47,10 @@ def refuse_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None:
     def refuse(param: str, what: str) -> None:
         raise ApiError(400, f"{what} is not supported by edgespec", param=param, code="unsupported_parameter")
 
-    if body.n is not None and body.n != 1:
-        refuse("n", "n > 1 (several choices per request)")
+    if body.n is not None and not (isinstance(body.n, int) and 1 <= body.n <= MAX_CHOICES):
+        raise bad_request(f"n must be an integer 1..{MAX_CHOICES}", param="n")
+    if body.n is not None and body.n > 1 and body.stream:
+        refuse("n", "n > 1 with stream (several choices are returned whole)")
     if body.response_format is not None and body.response_format != {"type": "text"}:
         refuse("response_format", "response_format other than text (JSON mode, JSON schema)")
     if isinstance(body, ChatCompletionRequest):
@@ -191,7 +197,7 @@ def generation_request(
         params = SamplingParams(**fields, seed=seed, max_tokens=max_tokens, stop=tuple(stop))
     except EdgespecError as exc:
         raise bad_request(str(exc)) from exc
-    return GenerationRequest(prompt, params, draft_len, lookup)
+    return GenerationRequest(prompt, params, draft_len, lookup, body.n or 1)
 
 
 def requested_logprobs(body: ChatCompletionRequest | CompletionRequest) -> int | None:

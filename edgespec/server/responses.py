@@ -111,21 +111,22 @@ class ResponseShape:
 
     def complete(self, outcome: Outcome, extras: dict, *, logprobs: bool = False) -> dict:
         """The whole response of a non-streamed request (``logprobs``: the request asked for them)."""
-        finished = outcome.finished
-        reason = FINISH_REASONS[finished.finish_reason]
-        listed = self.logprobs(finished.logprobs) if logprobs else None
-        if self.kind == "chat":
-            choice = {
-                "index": 0,
-                "message": {"role": "assistant", "content": finished.text},
-                "logprobs": listed,
-                "finish_reason": reason,
-            }
-            head = self._head("chat.completion")
-        else:
-            choice = {"index": 0, "text": finished.text, "logprobs": listed, "finish_reason": reason}
-            head = self._head("text_completion")
-        return {**head, "choices": [choice], "usage": usage(finished.stats), **extras}
+        choices = []
+        for index, finished in enumerate(outcome.choices):
+            reason = FINISH_REASONS[finished.finish_reason]
+            listed = self.logprobs(finished.logprobs) if logprobs else None
+            if self.kind == "chat":
+                message = {"role": "assistant", "content": finished.text}
+                choices.append({"index": index, "message": message, "logprobs": listed, "finish_reason": reason})
+            else:
+                choices.append({"index": index, "text": finished.text, "logprobs": listed, "finish_reason": reason})
+        head = self._head("chat.completion" if self.kind == "chat" else "text_completion")
+        counted = usage(outcome.finished.stats)
+        if outcome.others:  # one prompt, several completions
+            extra = sum(f.stats.generated for f in outcome.others)
+            counted["completion_tokens"] += extra
+            counted["total_tokens"] += extra
+        return {**head, "choices": choices, "usage": counted, **extras}
 
     def chunk(
         self,

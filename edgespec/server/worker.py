@@ -56,6 +56,11 @@ class Outcome:
     finished: Finished
     drafters: tuple[str, ...]  # the drafters that drafted in at least one round
     draft_rounds: int  # rounds that verified at least one drafted token
+    others: tuple[Finished, ...] = ()  # with n > 1: the other choices, in order
+
+    @property
+    def choices(self) -> tuple[Finished, ...]:
+        return (self.finished, *self.others)
 
 
 class Job:
@@ -243,6 +248,10 @@ class GenerationWorker:
         drafters: set[str] = set()
         draft_rounds = drafted = 0
         try:
+            if request.n > 1:
+                job.outcome = self._choices(runtime, job)
+                job.put(job.outcome)
+                return
             # Per-request settings, for this request only (others run beside it).
             events = runtime.stream(
                 request.prompt, request.params, cancel=job.cancel_event, draft_len=request.draft_len,
@@ -268,6 +277,42 @@ class GenerationWorker:
             with self._cond:
                 self._running.discard(job)
             self._notify(job)
+
+    @staticmethod
+    def _choices(runtime: Runtime, job: Job) -> Outcome:
+        """``n`` choices for one prompt, each its own request with its own seed (the seed + i when one was sent),
+        all stepped together from this thread: after the first has prefilled the prompt, the others copy its KV
+        (a non-streamed response: their chunks are not forwarded)."""
+        from dataclasses import replace
+
+        request = job.request
+        params = request.params
+        streams = [
+            runtime.stream(
+                request.prompt, replace(params, seed=None if params.seed is None else params.seed + i),
+                cancel=job.cancel_event, draft_len=request.draft_len, lookup=request.lookup,
+            )
+            for i in range(request.n)
+        ]  # fmt: skip
+        results: list[Finished | None] = [None] * request.n
+        drafters: set[str] = set()
+        draft_rounds = 0
+        try:
+            while any(r is None for r in results):
+                for i, events in enumerate(streams):
+                    if results[i] is not None:
+                        continue
+                    event = next(events)
+                    if isinstance(event, Finished):
+                        results[i] = event
+                    elif event.stats.draft_len and event.stats.rounds:
+                        drafters.add(event.stats.drafter)
+                        draft_rounds += 1
+        finally:
+            for events in streams:
+                events.close()  # type: ignore[attr-defined]
+        done = [r for r in results if r is not None]
+        return Outcome(done[0], tuple(sorted(drafters)), draft_rounds, tuple(done[1:]))
 
     def _notify(self, job: Job) -> None:
         for observer in self.observers:
