@@ -8,6 +8,9 @@ peer alike. Reported per (level, class, strategy): total tok/s (tokens over the 
 (each request's tokens over its own time from first token to last), time to first token p50/p95 (from the
 request's start), the acceptance rate and where sampling ran.
 
+At levels above 1, ``auto-serial`` is auto with one lane, which the N clients share one request at a time: what a
+server without batching gives them (time to first token includes the wait).
+
 llama.cpp's own server is a peer when its binary is on PATH (``llama-server``): started per level with ``-np N``
 (continuous batching over a unified KV cache), plain and with the draft model (``-md``), fed the same prompt tokens
 through its ``/completion`` endpoint with prompt caching off.
@@ -37,6 +40,7 @@ if TYPE_CHECKING:
 
 LLAMA_SERVER = "llama-server"
 PEER_PLAIN, PEER_DRAFT = "llama-server", "llama-server-draft"
+SERIAL = "auto-serial"  # auto on one lane: the requests wait for each other
 SERVER_START_SECONDS = 180.0  # loading both models on a slow machine
 REQUEST_SECONDS = 600.0
 
@@ -174,6 +178,9 @@ def run_load_bench(
         for name in names:
             engine = _engine_for(name, target, draft, lookup_len, p_min, parallel=level)
             runners[name] = engine_runner(engine)
+        if level > 1 and "auto" in names:
+            # What a server that takes one request at a time gives the same clients: they queue.
+            runners[SERIAL] = engine_runner(_engine_for("auto", target, draft, lookup_len, p_min, parallel=1))
         servers: list[LlamaServer] = []
         try:
             if binary is not None:

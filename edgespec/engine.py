@@ -330,21 +330,23 @@ class Engine:
         budget = getattr(self.target, "max_verify_rows", MAX_ROWS)
         rows, tokens, seconds = 0, 0.0, 0.0
         live: list[Generation] = []
+        alone = len(in_rounds) == 1
         for i, generation in enumerate(in_rounds):
             later = len(in_rounds) - i - 1
-            alone = len(in_rounds) == 1
             load = NO_LOAD if alone else Load(rows + later, tokens + later, seconds, budget - rows - later)
             try:
-                generation.propose(load)
+                generation.propose(load, defer_model=not alone)
             except Exception as error:  # noqa: BLE001  # this request's own failure (its draft model), not the others'
                 generation.lane.roll_back(generation.ctx)
                 generation.fail(error)
                 continue
             assert generation.plan is not None
-            rows += generation.rows
+            rows += generation.planned_rows
             tokens += generation.plan.expected
-            seconds += generation.t_draft
+            seconds += generation.t_draft + generation.plan.draft_seconds
             live.append(generation)
+        live = self._draft_together(live)
+        rows = sum(g.rows for g in live)
         if not live and not prefills:
             return
         # 2. Verify: one decode over every request's rows (and the prompt chunks).
@@ -381,6 +383,37 @@ class Engine:
             except Exception as error:  # noqa: BLE001
                 generation.lane.roll_back(generation.ctx)
                 generation.fail(error)
+
+    def _draft_together(self, live: list[Generation]) -> list[Generation]:
+        """The draft model's drafts of every request that planned one, a step of each in one decode of the draft
+        model (a request whose draft ended drops out); returns the requests still live."""
+        drafting = [g for g in live if g.drafting is not None]
+        if not drafting:
+            return live
+        t0 = time.perf_counter()
+        try:
+            while True:
+                steps = [g for g in drafting if not g.drafting.done]
+                if not steps:
+                    break
+                parts = [g.lane.drafters["model"].part(g.drafting) for g in steps]
+                if len(parts) > 1:
+                    scores = self.draft_model.decode_batch(parts)
+                else:
+                    scores = [parts[0][0].decode(*parts[0][1:])]
+                for g, row in zip(steps, scores, strict=True):
+                    g.lane.drafters["model"].take(g.drafting, row)
+        except Exception as error:  # noqa: BLE001  # the draft model failed: the requests that drafted with it fail
+            for g in drafting:
+                g.lane.roll_back(g.ctx)
+                g.fail(error)
+            return [g for g in live if g.drafting is None]
+        share = (time.perf_counter() - t0) / len(drafting)  # what each request's draft cost, the decodes shared
+        for g in drafting:
+            g.draft = g.drafting.draft()
+            g.drafting = None
+            g.t_draft += share
+        return live
 
     def _prefill_parts(self, joining: list[Generation], others_in_rounds: bool) -> list[tuple[Generation, Part]]:
         """The next prompt chunk of each request still prefilling. Alone, a prompt goes in whole; beside requests in

@@ -22,6 +22,7 @@ import numpy as np
 from edgespec.drafters.base import Draft, Drafter
 from edgespec.drafters.controller import Load, Plan, RoundController
 from edgespec.drafters.lookup import LookupDrafter
+from edgespec.drafters.model import Drafting, ModelDrafter
 from edgespec.events import Chunk, Event, Finished, FinishReason, Span, Stats, TokenLogprob
 from edgespec.logprobs import token_logprob
 from edgespec.models.backend import common_prefix
@@ -102,6 +103,7 @@ class Generation:
         # this round's
         self.plan: Plan | None = None
         self.draft = Draft.empty()
+        self.drafting: Drafting | None = None  # a draft model's draft the engine steps with the others'
         self.t_draft = 0.0
 
     # ----- before the first round ----------------------------------------------------------------------------
@@ -128,10 +130,14 @@ class Generation:
         return len(self.lane.target.kv_tokens) >= len(self.ctx) - 1
 
     def begin_rounds(self) -> None:
-        """The prompt is in the target's KV: every drafter in step with it too."""
-        for drafter in self.lane.drafters.values():
+        """The prompt is in the target's KV: every drafter is reset to it (a draft model catches up when it first
+        drafts, and the controller knows how far it has to)."""
+        behind = {}
+        for name, drafter in self.lane.drafters.items():
             drafter.reset(self.ctx)
-        self.controller.start_request()  # every drafter is in step with the prompt: nothing to catch up
+            if isinstance(drafter, ModelDrafter):
+                behind[name] = drafter.behind(self.ctx)
+        self.controller.start_request(behind)
         self.prefilled = True
 
     def started(self) -> None:
@@ -144,8 +150,9 @@ class Generation:
         return self.cancelled or (self.cancel is not None and self.cancel.is_set())
 
     # ----- one round -------------------------------------------------------------------------------------
-    def propose(self, load: Load) -> None:
-        """1. Draft: the plan for this round given the others' ``load``, and the drafted tokens."""
+    def propose(self, load: Load, defer_model: bool = False) -> None:
+        """1. Draft: the plan for this round given the others' ``load``, and the drafted tokens. ``defer_model``:
+        a draft model's draft is only started (:attr:`drafting`), for the engine to step with the others'."""
         t0 = self.clock()
         params = self.params
         # The verify always adds one token, so draft at most room - 1.
@@ -158,14 +165,23 @@ class Generation:
             lookup_draft = self.lookup.propose(self.ctx, max_len, params, None)
         plan = self.controller.plan(lookup_draft.tokens, load)
         gamma = min(plan.gamma, max_len)
+        self.drafting = None
         if plan.drafter is None or gamma <= 0:
             draft = Draft.empty()
         elif plan.drafter == "lookup":
             draft = Draft(lookup_draft.tokens[:gamma], None)
+        elif defer_model and plan.drafter == "model":
+            draft = Draft.empty()
+            self.drafting = self.lane.drafters["model"].start(self.ctx, gamma, params, self.rng)
         else:
             draft = self.lane.drafters[plan.drafter].propose(self.ctx, gamma, params, self.rng)
         self.plan, self.draft = plan, draft
         self.t_draft = self.clock() - t0
+
+    @property
+    def planned_rows(self) -> int:
+        """Rows this round's verify will add: its drafted tokens (or those its draft model was asked for) + 1."""
+        return (self.drafting.max_len if self.drafting is not None else len(self.draft.tokens)) + 1
 
     @property
     def rows(self) -> int:

@@ -305,7 +305,7 @@ def test_cli_bench_concurrency_json(tiny_model_path: Path) -> None:
     assert result.exit_code == 0, result.output
     records = json.loads(result.stdout)["records"]
     assert [(r["level"], r["strategy"]) for r in records] == [
-        (1, "plain"), (1, "draft-2"), (1, "auto"), (2, "plain"), (2, "draft-2"), (2, "auto"),
+        (1, "plain"), (1, "draft-2"), (1, "auto"), (2, "plain"), (2, "draft-2"), (2, "auto"), (2, "auto-serial"),
     ]  # fmt: skip
     for r in records:
         assert len(r["requests"]) == max(r["level"], 1)  # one prompt, repeated to fill the level

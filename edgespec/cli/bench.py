@@ -190,7 +190,8 @@ def _concurrency(
         )
         levels = [n for n in levels if n <= target.n_seq]
     n_strategies = len(parse_strategies(strategies, has_draft=draft is not None)) + (2 if peers else 0)
-    with tqdm(total=len(levels) * len(suite) * n_strategies, desc="bench", unit="run", file=sys.stderr,
+    serial = sum(n > 1 for n in levels) if "auto" in strategies else 0  # auto-serial runs at levels above 1
+    with tqdm(total=(len(levels) * n_strategies + serial) * len(suite), desc="bench", unit="run", file=sys.stderr,
               disable=None, leave=False) as bar:  # fmt: skip
 
         def on_run(record: Any) -> None:

@@ -36,7 +36,7 @@ back, so a drafter whose catch-up costs more than it could win back (the draft m
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Protocol
@@ -54,6 +54,7 @@ class Plan:
     gamma: int  # tokens to draft/verify (0 iff drafter is None)
     reason: str = ""  # short human text: the estimates behind the choice
     expected: float = 1.0  # the tokens the round is expected to commit (what the next sequence's Load counts)
+    draft_seconds: float = 0.0  # what its drafting is expected to cost (likewise)
 
     def __post_init__(self) -> None:
         if self.gamma < 0 or (self.drafter is None) != (self.gamma == 0):
@@ -97,7 +98,7 @@ class RoundController(Protocol):
     @property
     def plain_tokens_per_second(self) -> float: ...
 
-    def start_request(self) -> None: ...
+    def start_request(self, behind: Mapping[str, int] | None = None) -> None: ...
 
     def record_costs(
         self, verify: dict[int, float], draft: dict[str, float], catchup: dict[str, float] | None = None
@@ -328,10 +329,11 @@ class Controller:
         c1 = self._verify.measured(1)
         return 1.0 / c1 if c1 else 0.0
 
-    def start_request(self) -> None:
-        """Optional hint that every drafter was just reset to a new prompt, so none has tokens to catch up."""
-        for st in self._state.values():
-            st.gap = 0
+    def start_request(self, behind: Mapping[str, int] | None = None) -> None:
+        """Optional hint that every drafter was just reset to a new prompt; ``behind``: the prompt tokens each still
+        has to catch up (a draft model prefills lazily), charged like the tokens of rounds it sat out."""
+        for name, st in self._state.items():
+            st.gap = (behind or {}).get(name, 0)
         if self._lookup is not None:
             self._lookup.reset()
 
@@ -401,13 +403,19 @@ class Controller:
         probe = self._pick_probe(best, caps, curve, load)
         if probe is not None:
             self._probing = probe.drafter
-            return Plan(probe.drafter, probe.gamma, "probe " + self._describe(probe, plain), probe.tokens - load.tokens)
+            return Plan(
+                probe.drafter, probe.gamma, "probe " + self._describe(probe, plain), probe.tokens - load.tokens,
+                probe.gamma * (self._draft_cost(probe.drafter) or 0.0),
+            )  # fmt: skip
         if best is plain:
             why = f"plain est {plain.rate:.1f} tok/s"
             if best_draft is not None:
                 why += f"; best draft {self._describe(best_draft, None)}"
             return Plan(None, 0, why)
-        return Plan(best.drafter, best.gamma, self._describe(best, plain), best.tokens - load.tokens)
+        return Plan(
+            best.drafter, best.gamma, self._describe(best, plain), best.tokens - load.tokens,
+            best.gamma * (self._draft_cost(best.drafter) or 0.0),
+        )  # fmt: skip
 
     def observe(
         self,
@@ -578,7 +586,7 @@ class FixedController:
         c1 = self._plain.value
         return 1.0 / c1 if c1 else 0.0
 
-    def start_request(self) -> None:
+    def start_request(self, behind: Mapping[str, int] | None = None) -> None:
         """A fixed plan keeps no per-drafter state that a new request would change."""
 
     def record_costs(

@@ -8,13 +8,32 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from edgespec.drafters.base import Draft
-from edgespec.models.backend import Model
+from edgespec.models.backend import Model, common_prefix
 from edgespec.penalties import window
-from edgespec.sampling import LOGITS, Dist, SamplingParams, Scores, Uniforms, readout_for, sample, warp_row
+from edgespec.sampling import LOGITS, Dist, Readout, SamplingParams, Scores, Uniforms, readout_for, sample, warp_row
+
+
+@dataclass
+class Drafting:
+    """A draft in progress (see :meth:`ModelDrafter.start`)."""
+
+    context: Sequence[int]
+    max_len: int
+    params: SamplingParams
+    rng: Uniforms
+    readout: Readout
+    feed: list[int]  # what the next decode appends
+    tokens: list[int] = field(default_factory=list)
+    qs: list[Dist] = field(default_factory=list)
+    done: bool = False
+
+    def draft(self) -> Draft:
+        return Draft(self.tokens, None if self.params.greedy or not self.qs else self.qs)
 
 
 class ModelDrafter:
@@ -27,40 +46,60 @@ class ModelDrafter:
         self._committed = 0  # KV positions known to equal the committed tokens
 
     def reset(self, context: Sequence[int]) -> None:
-        # Prefill now (the engine counts it as prompt time) and keep a shared prefix from the last request.
-        self.model.sync(context[:-1])
-        self._committed = len(self.model.kv_tokens)
+        # Keep what the KV shares with the new prompt, and decode nothing yet: the rest is caught up by the first
+        # draft, if there is one. A controller that finds the draft model does not pay here never runs it, and then
+        # its prefill would only delay the first token (on a CPU, a 0.5B draft's prefill is a third of a 1.5B
+        # target's); the controller is told how far behind it starts (Controller.start_request).
+        model = self.model
+        model.truncate(common_prefix(model.kv_tokens, context[:-1]))
+        self._committed = len(model.kv_tokens)
+
+    def behind(self, context: Sequence[int]) -> int:
+        """Committed tokens the KV lacks (what the next draft catches up first)."""
+        return max(len(context) - 1 - len(self.model.kv_tokens), 0)
 
     def propose(
         self, context: Sequence[int], max_len: int, params: SamplingParams, rng: Uniforms
     ) -> Draft:
         if max_len <= 0:
             return Draft.empty()
+        drafting = self.start(context, max_len, params, rng)
+        while not drafting.done:
+            _, tokens, rows, readout = self.part(drafting)
+            self.take(drafting, self.model.decode(tokens, rows, readout))
+        return drafting.draft()
+
+    # A draft one step at a time, so that an engine can run the steps of several sequences' drafts in one decode.
+    def start(self, context: Sequence[int], max_len: int, params: SamplingParams, rng: Uniforms) -> Drafting:
+        """A draft of up to ``max_len`` (>= 1) tokens after ``context``; its steps are :meth:`part` and :meth:`take`."""
         model = self.model
         # A greedy draft needs only each step's argmax, unless the confidence cutoff needs the whole row.
         readout = LOGITS if params.greedy and self.p_min > 0 else readout_for(params, model.n_vocab)
         # Everything committed that the KV lacks: [x_{n-1}] usually, [d_γ, t] after a fully accepted round, more
         # after rounds this drafter sat out. One decode catches up and yields q_1.
-        pending = context[len(model.kv_tokens) :]
-        scores = model.decode(pending, [len(pending) - 1], readout)
-        tokens: list[int] = []
-        qs: list[Dist] = []
-        while True:
-            if readout.kind == "argmax":
-                d = int(scores[0])
-            else:
-                # penalised with the draft's history too: the context plus the tokens drafted so far
-                counts = window(context, tokens, params.repeat_last_n) if params.penalized else None
-                q = warp_row(scores, 0, params, counts)
-                if self.p_min > 0 and _confidence(scores, q, params) < self.p_min:
-                    break
-                d = q.top if params.greedy else sample(q, rng)
-                qs.append(q)
-            tokens.append(d)
-            if len(tokens) == max_len:
-                break
-            scores = model.decode([d], [0], readout)
-        return Draft(tokens, None if params.greedy or not qs else qs)
+        return Drafting(context, max_len, params, rng, readout, list(context[len(model.kv_tokens) :]))
+
+    def part(self, drafting: Drafting) -> tuple[object, list[int], list[int], Readout]:
+        """The next decode of the draft: ``(sequence, tokens, rows, readout)``, scored at its last token."""
+        return (self.model, drafting.feed, [len(drafting.feed) - 1], drafting.readout)
+
+    def take(self, drafting: Drafting, scores: Scores) -> None:
+        """The next drafted token, from the row that decode scored (or the end of the draft)."""
+        params = drafting.params
+        if drafting.readout.kind == "argmax":
+            d = int(scores[0])
+        else:
+            # penalised with the draft's history too: the context plus the tokens drafted so far
+            counts = window(drafting.context, drafting.tokens, params.repeat_last_n) if params.penalized else None
+            q = warp_row(scores, 0, params, counts)
+            if self.p_min > 0 and _confidence(scores, q, params) < self.p_min:
+                drafting.done = True
+                return
+            d = q.top if params.greedy else sample(q, drafting.rng)
+            drafting.qs.append(q)
+        drafting.tokens.append(d)
+        drafting.feed = [d]
+        drafting.done = len(drafting.tokens) == drafting.max_len
 
     def commit(self, context: Sequence[int]) -> None:
         # Roll back: keep the longest prefix of the KV that is committed, never the pending last token.
