@@ -330,10 +330,13 @@ class Engine:
         budget = getattr(self.target, "max_verify_rows", MAX_ROWS)
         rows, tokens, seconds = 0, 0.0, 0.0
         live: list[Generation] = []
-        alone = len(in_rounds) == 1
+        # A prompt chunk in the same decode is load too: it is what a wider decode delays (the prompt's first token),
+        # and on a CPU it shares the decode's fixed cost as the others' rows do (its tokens, not its rows, count).
+        chunk = sum(len(part[1]) for _, part in prefills)
+        alone = len(in_rounds) == 1 and not chunk
         for i, generation in enumerate(in_rounds):
             later = len(in_rounds) - i - 1
-            load = NO_LOAD if alone else Load(rows + later, tokens + later, seconds, budget - rows - later)
+            load = NO_LOAD if alone else Load(chunk + rows + later, tokens + later, seconds, budget - rows - later)
             try:
                 generation.propose(load, defer_model=not alone)
             except Exception as error:  # noqa: BLE001  # this request's own failure (its draft model), not the others'
@@ -425,13 +428,16 @@ class Engine:
         chunk = PREFILL_CHUNK if others_in_rounds and not bit_exact else self.target.n_batch * 64
         for generation in joining:
             try:
-                if not generation.prefill_begun:
+                if not generation.prefill_begun and not generation.scores_prompt:
                     self._share_prefix(generation)
                 part = generation.prefill_part(chunk)
                 if part is None:  # the lane's KV already held the whole prompt
                     self._begin(generation)
-                elif bit_exact:
-                    part[0].decode(*part[1:])
+                elif bit_exact or generation.scores_prompt:  # on a decode of its own (a scored one: up to 64 rows)
+                    start = len(part[0].kv_tokens)
+                    rows = part[0].decode(*part[1:])
+                    if generation.scores_prompt:
+                        generation.take_prompt_rows(start, rows)
                     if generation.prefill_done:
                         self._begin(generation)
                 else:
@@ -469,6 +475,8 @@ class Engine:
             generation.fail(error)
             return
         generation.started()
+        if generation.params.max_tokens == 0:  # the prompt scored, nothing to generate
+            generation.finish("length")
 
     # ----- costs ---------------------------------------------------------------------------------------------
     def _calibrate(self, lane: Lane, ctx: list[int], readout: Readout) -> None:

@@ -150,6 +150,8 @@ class Finished:
     stats: Stats
     stopped_by: str | None = field(default=None)  # the stop string or EOG token text that ended it
     logprobs: tuple[TokenLogprob, ...] = ()  # one per token in ``tokens`` when the request asked for them
+    # with prompt_logprobs: one per prompt token, the first None (nothing precedes it)
+    prompt_logprobs: tuple[TokenLogprob | None, ...] = ()
 
 
 Event = Chunk | Finished

@@ -31,6 +31,8 @@ from edgespec.sampling import LOGITS, Readout, SamplingParams, Scores, Uniforms,
 from edgespec.text import TextStream
 from edgespec.verify import Verdict, verify_greedy, verify_stochastic
 
+PROMPT_ROWS = 64  # prompt tokens a scored prefill decodes at once (each is a row: llama.cpp's buffers hold 65)
+
 
 @dataclass
 class Lane:
@@ -92,6 +94,8 @@ class Generation:
         self.text = TextStream(piece, params.stop)
         self.out: list[int] = []  # the output's tokens (no end-of-generation token)
         self.logprobs: list[TokenLogprob] = []  # theirs, when asked for
+        # the prompt's, when asked for: its first token has none
+        self.prompt_logprobs: list[TokenLogprob | None] = [None] if params.prompt_logprobs is not None else []
         self.clock = time.perf_counter
         self.t_start = self.clock()
         self.tally = _Tally(self.n_prompt, max_gamma, lane.target.readout_path(self.readout))
@@ -113,13 +117,28 @@ class Generation:
         target = self.lane.target
         want = self.ctx[:-1]
         if self._prefill_start is None:
-            target.truncate(common_prefix(target.kv_tokens, want))
+            # Scoring the prompt needs every position's row: nothing is kept then.
+            target.truncate(0 if self.scores_prompt else common_prefix(target.kv_tokens, want))
             self._prefill_start = len(target.kv_tokens)
             self.tally.prefilled = len(want) - self._prefill_start
         have = len(target.kv_tokens)
         if have >= len(want):
             return None
+        if self.scores_prompt:  # row j of the chunk is the distribution of the token after it
+            chunk = want[have : have + min(limit, PROMPT_ROWS)]
+            return (target, chunk, range(len(chunk)), LOGITS)
         return (target, want[have : have + limit], (), LOGITS)
+
+    @property
+    def scores_prompt(self) -> bool:
+        return self.params.prompt_logprobs is not None
+
+    def take_prompt_rows(self, start: int, rows: np.ndarray) -> None:
+        """The rows of a scored prefill chunk that began at prompt position ``start``: row j is the target's
+        distribution of prompt token ``start + j + 1``."""
+        top = self.params.prompt_logprobs or 0
+        for j in range(len(rows)):
+            self.prompt_logprobs.append(token_logprob(rows[j], self.ctx[start + j + 1], top))
 
     @property
     def prefill_begun(self) -> bool:
@@ -144,6 +163,8 @@ class Generation:
         """The prefill (and a calibration, if any) is done: the rounds begin."""
         self.tally.t_prefill = self.clock() - self.t_start
         self._busy_at_start = sum(m.busy_seconds for m in self._models)
+        # What a request that ends before any round (max_tokens 0, a cancel) reports.
+        self.stats = self.tally.snapshot(self.t_start, 0.0, None, self.controller)
 
     @property
     def stopping(self) -> bool:
@@ -269,7 +290,7 @@ class Generation:
         self.events.append(
             Finished(
                 text=self.text.text, tokens=tuple(self.out), finish_reason=finish, stats=stats, stopped_by=stopped_by,
-                logprobs=tuple(self.logprobs),
+                logprobs=tuple(self.logprobs), prompt_logprobs=tuple(self.prompt_logprobs),
             )
         )
         self.done = True

@@ -61,6 +61,8 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs; a dict is accepted
     # Report each output token's log-probability and this many alternatives' (0..20); None: none (edgespec.logprobs).
     logprobs: int | None = None
+    # The same for the prompt's tokens (its first has none); with these, max_tokens may be 0: score the prompt only.
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         # Accept a list for stop (a dict for logit_bias) but store tuples so the object stays hashable and immutable.
@@ -84,8 +86,11 @@ class SamplingParams:
             problems.append(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
         if not (isinstance(self.min_p, (int, float)) and 0 <= self.min_p < 1):
             problems.append(f"min_p must be in [0, 1) (0 = off), got {self.min_p!r}")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            problems.append(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        scoring_only = self.max_tokens == 0 and self.prompt_logprobs is not None
+        if not isinstance(self.max_tokens, int) or (self.max_tokens < 1 and not scoring_only):
+            problems.append(
+                f"max_tokens must be an integer >= 1 (0 only with prompt_logprobs), got {self.max_tokens!r}"
+            )
         if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
             problems.append(f"seed must be a non-negative integer, got {self.seed!r}")
         if any((not isinstance(s, str)) or s == "" for s in self.stop):
@@ -98,8 +103,10 @@ class SamplingParams:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and -2 <= value <= 2):
                 problems.append(f"{name} must be a number in [-2, 2] (0 = off), got {value!r}")
-        if self.logprobs is not None and not (isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20):
-            problems.append(f"logprobs must be an integer 0..20 (the alternatives to list), got {self.logprobs!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 20):
+                problems.append(f"{name} must be an integer 0..20 (the alternatives to list), got {value!r}")
         if any(t < 0 or not math.isfinite(b) or abs(b) > 100 for t, b in self.logit_bias):
             problems.append("logit_bias maps token ids >= 0 to biases in [-100, 100]")
         if problems:

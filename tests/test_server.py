@@ -671,3 +671,27 @@ def test_logprobs_through_the_openai_client_plain_and_streamed(live: LiveServer,
                for alternatives, chosen in zip(lp.top_logprobs, lp.token_logprobs, strict=True))  # fmt: skip
     plain = client.chat.completions.create(model=ALIAS, messages=messages, max_tokens=4, temperature=0)
     assert plain.choices[0].logprobs is None
+
+
+def test_echo_scores_the_prompt_for_log_likelihood_evaluation(live: LiveServer, client: openai.OpenAI):
+    prompt = "The capital of France is Paris."
+    scored = client.completions.create(model=ALIAS, prompt=prompt, max_tokens=0, echo=True, logprobs=1)
+    choice = scored.choices[0]
+    assert choice.text == prompt and scored.usage.completion_tokens == 0
+    lp = choice.logprobs
+    assert "".join(lp.tokens) == prompt and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(v < 0 for v in lp.token_logprobs[1:]) and len(lp.tokens) == scored.usage.prompt_tokens
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    continued = client.completions.create(
+        model=ALIAS, prompt=prompt, max_tokens=4, echo=True, logprobs=0, temperature=0
+    )
+    assert continued.choices[0].text.startswith(prompt)
+    again = continued.choices[0].logprobs.token_logprobs[: len(lp.tokens)]
+    assert again[0] is None and again[1:] == pytest.approx(lp.token_logprobs[1:], abs=1e-4)
+    streamed = list(client.completions.create(model=ALIAS, prompt=prompt, max_tokens=4, echo=True, stream=True,
+                                              temperature=0))  # fmt: skip
+    assert streamed[0].choices[0].text == prompt
+    assert prompt + "".join(c.choices[0].text for c in streamed[1:]) == continued.choices[0].text
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=ALIAS, prompt=prompt, max_tokens=0)
+    assert err.value.body["param"] == "max_tokens"

@@ -145,7 +145,11 @@ def create_app(load: Callable[[], Runtime], settings: ServerSettings | None = No
         if outcome is None:
             return Response(status_code=499)  # nginx's "client closed request": only the access log sees it
         wants_logprobs = generation.params.logprobs is not None
-        return JSONResponse(shape.complete(outcome, extras(outcome), logprobs=wants_logprobs))
+        return JSONResponse(
+            shape.complete(
+                outcome, extras(outcome), logprobs=wants_logprobs, echo=generation.echo, prompt=generation.prompt
+            )
+        )
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:

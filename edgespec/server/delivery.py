@@ -50,8 +50,16 @@ async def _frames(
     first = True
     log = RoundLog()
     offset = 0  # characters of the output before the chunk (the completions' text_offset)
-    wants_logprobs = job.request.params.logprobs is not None
+    request = job.request
+    wants_logprobs = request.params.logprobs is not None
     try:
+        if request.echo is not None:  # the prompt first, as a chunk of its own (echo with logprobs is not streamed)
+            piece = shape.chunk(request.echo, first=True)
+            if include_usage:
+                piece["usage"] = None
+            yield _json(piece)
+            first = False
+            offset = len(request.echo)
         async for item in job.events():
             if isinstance(item, Outcome):
                 last = shape.chunk(None, first=first, finish_reason=FINISH_REASONS[item.finished.finish_reason])

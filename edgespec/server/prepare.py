@@ -36,6 +36,7 @@ class GenerationRequest:
     draft_len: int | str  # "auto" or a fixed γ (0 = plain decoding)
     lookup: bool
     n: int = 1  # choices: requests of the same prompt, each with its own seed
+    echo: str | None = None  # completions with echo: the prompt's text, which the response starts with
 
 
 MAX_CHOICES = 16  # n: more choices than this many sequences would mostly wait for each other
@@ -66,8 +67,10 @@ def refuse_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None:
             if getattr(body, name) is not None:
                 refuse(name, name)
     else:
-        if body.echo:
-            refuse("echo", "echo")
+        if body.echo and body.n is not None and body.n > 1:
+            refuse("echo", "echo with n > 1")
+        if body.echo and body.stream and body.logprobs not in (None, False):
+            refuse("echo", "echo with logprobs in a stream (send it without stream: the prompt is scored whole)")
         if body.suffix:
             refuse("suffix", "suffix (fill-in-the-middle)")
         if body.best_of is not None and body.best_of != 1:
@@ -176,6 +179,10 @@ def generation_request(
     requested, param = body.max_tokens, "max_tokens"
     if is_chat and body.max_completion_tokens is not None:
         requested, param = body.max_completion_tokens, "max_completion_tokens"
+    echo = not is_chat and bool(body.echo)
+    scoring = echo and requested_logprobs(body) is not None
+    if requested == 0 and not scoring:
+        raise bad_request(f"{param} must be >= 1 (0 only with echo and logprobs: scoring the prompt)", param=param)
     max_tokens = _fit_context(
         loaded.runtime, len(prompt), requested, draft_len, param, "messages" if is_chat else "prompt"
     )
@@ -193,11 +200,17 @@ def generation_request(
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     seed = body.seed if body.seed is not None and body.seed >= 0 else None
     fields["logprobs"] = requested_logprobs(body)
+    if scoring:
+        fields["prompt_logprobs"] = fields["logprobs"]
     try:
         params = SamplingParams(**fields, seed=seed, max_tokens=max_tokens, stop=tuple(stop))
     except EdgespecError as exc:
         raise bad_request(str(exc)) from exc
-    return GenerationRequest(prompt, params, draft_len, lookup, body.n or 1)
+    echoed = None
+    if echo:  # the prompt as sent (a token list as its text)
+        source = completion_prompt(body)  # type: ignore[arg-type]
+        echoed = source if isinstance(source, str) else loaded.runtime.engine.target.detokenize(prompt)
+    return GenerationRequest(prompt, params, draft_len, lookup, body.n or 1, echoed)
 
 
 def requested_logprobs(body: ChatCompletionRequest | CompletionRequest) -> int | None:

@@ -109,8 +109,18 @@ class ResponseShape:
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def complete(self, outcome: Outcome, extras: dict, *, logprobs: bool = False) -> dict:
-        """The whole response of a non-streamed request (``logprobs``: the request asked for them)."""
+    def complete(
+        self,
+        outcome: Outcome,
+        extras: dict,
+        *,
+        logprobs: bool = False,
+        echo: str | None = None,
+        prompt: Sequence[int] = (),
+    ) -> dict:
+        """The whole response of a non-streamed request (``logprobs``: the request asked for them; ``echo``: the
+        prompt's text, which a text completion then starts with, the log-probabilities of its ``prompt`` tokens
+        first)."""
         choices = []
         for index, finished in enumerate(outcome.choices):
             reason = FINISH_REASONS[finished.finish_reason]
@@ -118,8 +128,13 @@ class ResponseShape:
             if self.kind == "chat":
                 message = {"role": "assistant", "content": finished.text}
                 choices.append({"index": index, "message": message, "logprobs": listed, "finish_reason": reason})
-            else:
-                choices.append({"index": index, "text": finished.text, "logprobs": listed, "finish_reason": reason})
+                continue
+            text = finished.text
+            if echo is not None:
+                text = echo + text
+                if listed is not None:
+                    listed = self.echoed_logprobs(prompt, finished.prompt_logprobs, listed)
+            choices.append({"index": index, "text": text, "logprobs": listed, "finish_reason": reason})
         head = self._head("chat.completion" if self.kind == "chat" else "text_completion")
         counted = usage(outcome.finished.stats)
         if outcome.others:  # one prompt, several completions
@@ -148,6 +163,23 @@ class ResponseShape:
             return {**self._head("chat.completion.chunk"), "choices": [choice]}
         choice = {"index": 0, "text": text or "", "logprobs": listed, "finish_reason": finish_reason}
         return {**self._head("text_completion"), "choices": [choice]}
+
+    def echoed_logprobs(
+        self, prompt: Sequence[int], scored: Sequence[TokenLogprob | None], listed: dict
+    ) -> dict:
+        """A text completion's ``logprobs`` with the prompt's tokens first (the first has none: null, as OpenAI's
+        legacy completions give it), the offsets running over the prompt's text."""
+        tokens = [self.token_text(t) for t in prompt]
+        values = [None if item is None else item.logprob for item in scored]
+        tops = [None if item is None else {self.token_text(t): lp for t, lp in item.top} for item in scored]
+        offsets = [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+        start = sum(len(t) for t in tokens)
+        return {
+            "tokens": tokens + listed["tokens"],
+            "token_logprobs": values + listed["token_logprobs"],
+            "top_logprobs": tops + listed["top_logprobs"],
+            "text_offset": offsets + [o + start for o in listed["text_offset"]],
+        }
 
     def token_text(self, token: int) -> str:
         assert self.piece is not None

@@ -37,7 +37,7 @@ class _Sampling(_Strict):
     """Fields both endpoints share: sampling, stopping, streaming, and edgespec's own ``draft_len``/``lookup``."""
 
     model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=0)  # 0: only with echo and logprobs (scoring the prompt)
     temperature: float | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=0)
