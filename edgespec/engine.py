@@ -330,13 +330,17 @@ class Engine:
         budget = getattr(self.target, "max_verify_rows", MAX_ROWS)
         rows, tokens, seconds = 0, 0.0, 0.0
         live: list[Generation] = []
-        # A prompt chunk in the same decode is load too: it is what a wider decode delays (the prompt's first token),
-        # and on a CPU it shares the decode's fixed cost as the others' rows do (its tokens, not its rows, count).
+        # A prompt chunk in the same decode is load too, and its tokens are work done as surely as committed ones: a
+        # row of prompt counts as a token. Counted so, a draft row has to be worth a whole token to join a decode
+        # that prefills (where a CPU has no spare compute), and the prompt's first token is not delayed by drafts
+        # that would not pay; counting the chunk's cost but not its tokens would do the opposite (a big fixed cost
+        # that drafting amortises: measured, auto's time to first token under load rose by half).
         chunk = sum(len(part[1]) for _, part in prefills)
         alone = len(in_rounds) == 1 and not chunk
         for i, generation in enumerate(in_rounds):
             later = len(in_rounds) - i - 1
-            load = NO_LOAD if alone else Load(chunk + rows + later, tokens + later, seconds, budget - rows - later)
+            busy = chunk + rows + later
+            load = NO_LOAD if alone else Load(busy, chunk + tokens + later, seconds, budget - rows - later)
             try:
                 generation.propose(load, defer_model=not alone)
             except Exception as error:  # noqa: BLE001  # this request's own failure (its draft model), not the others'
