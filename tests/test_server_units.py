@@ -106,7 +106,14 @@ def test_what_openai_sends_by_default_is_accepted():
     assert chat(user="me", metadata={"a": 1}, presence_penalty=0).messages[0].content == "Hi"
 
 
-@pytest.mark.parametrize(("fields", "param"), [({"echo": True}, "echo"), ({"suffix": "}"}, "suffix")])
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"echo": True, "n": 2}, "echo"),
+        ({"echo": True, "logprobs": 1, "stream": True}, "echo"),
+        ({"suffix": "}"}, "suffix"),
+    ],
+)
 def test_unsupported_completion_features_are_refused(fields, param):
     with pytest.raises(ApiError) as err:
         refuse_unsupported(CompletionRequest.model_validate({"prompt": "x", **fields}))
