@@ -115,3 +115,8 @@ def test_n_choices_share_the_prompt_and_each_is_seeded_apart(live4: LiveServer) 
     again = client.completions.create(**hot_request)
     assert [c.text for c in again.choices] == [c.text for c in hot.choices]  # each choice's seed repeats it
     assert 3 <= hot.usage.completion_tokens <= 3 * 12  # the three choices' tokens
+
+
+def test_more_choices_than_sequences_run_in_waves(live4: LiveServer) -> None:
+    reply = live4.client().completions.create(model=ALIAS, prompt="The sky is", max_tokens=4, temperature=0, n=6)
+    assert [c.index for c in reply.choices] == list(range(6)) and len({c.text for c in reply.choices}) == 1

@@ -14,13 +14,13 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import TYPE_CHECKING
 
 from edgespec.errors import EdgespecError
-from edgespec.events import Chunk, Finished
+from edgespec.events import Chunk, Event, Finished
 from edgespec.server.errors import ApiError
 from edgespec.server.prepare import GenerationRequest
 from edgespec.server.settings import RETRY_AFTER_SECONDS
@@ -283,33 +283,32 @@ class GenerationWorker:
         """``n`` choices for one prompt, each its own request with its own seed (the seed + i when one was sent),
         all stepped together from this thread: after the first has prefilled the prompt, the others copy its KV
         (a non-streamed response: their chunks are not forwarded)."""
-        from dataclasses import replace
-
         request = job.request
         params = request.params
-        streams = [
-            runtime.stream(
-                request.prompt, replace(params, seed=None if params.seed is None else params.seed + i),
-                cancel=job.cancel_event, draft_len=request.draft_len, lookup=request.lookup,
-            )
-            for i in range(request.n)
-        ]  # fmt: skip
+        todo = list(range(request.n))[::-1]
+        running: dict[int, Iterator[Event]] = {}
         results: list[Finished | None] = [None] * request.n
         drafters: set[str] = set()
         draft_rounds = 0
         try:
-            while any(r is None for r in results):
-                for i, events in enumerate(streams):
-                    if results[i] is not None:
-                        continue
+            while todo or running:
+                # As many at once as there are lanes: one thread cannot wait for a lane it holds itself.
+                while todo and len(running) < runtime.engine.parallel:
+                    i = todo.pop()
+                    running[i] = runtime.stream(
+                        request.prompt, replace(params, seed=None if params.seed is None else params.seed + i),
+                        cancel=job.cancel_event, draft_len=request.draft_len, lookup=request.lookup,
+                    )  # fmt: skip
+                for i, events in list(running.items()):
                     event = next(events)
                     if isinstance(event, Finished):
                         results[i] = event
+                        del running[i]
                     elif event.stats.draft_len and event.stats.rounds:
                         drafters.add(event.stats.drafter)
                         draft_rounds += 1
         finally:
-            for events in streams:
+            for events in running.values():
                 events.close()  # type: ignore[attr-defined]
         done = [r for r in results if r is not None]
         return Outcome(done[0], tuple(sorted(drafters)), draft_rounds, tuple(done[1:]))
