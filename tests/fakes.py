@@ -4,6 +4,7 @@ is computable."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -27,6 +28,7 @@ class FakeModel:
         sharp: float = 2.0,
         eos_bias: float = -4.0,
         n_seq: int = 1,
+        delay: float = 0.0,
     ) -> None:
         self.n_vocab = n_vocab
         self.n_ctx = n_ctx
@@ -43,6 +45,7 @@ class FakeModel:
         self.name = f"fake-{seed}"
         self.path = self.name
         self.n_gpu_layers = 0
+        self.delay = delay  # seconds each decode sleeps (releasing the GIL, as llama_decode does)
         self.description = f"fake {n_vocab}-token model"
         self.placement = "CPU"
         self.bit_exact = False
@@ -98,6 +101,8 @@ class FakeModel:
         order, as llama.cpp's in-graph top-k leaves them: here rotated by a step that changes every decode)."""
         if len(seq.kv_tokens) + len(tokens) > self.n_ctx:
             raise AssertionError("fake context overflow")
+        if self.delay:
+            time.sleep(self.delay)
         start = list(seq.kv_tokens)
         scored = [self._row(start + list(tokens[: i + 1])) for i in rows]
         seq.kv_tokens.extend(tokens)

@@ -54,7 +54,9 @@ def threaded(engine: Engine, prompts, params) -> list[Finished]:
 
 @pytest.mark.parametrize("draft_len", [0, 3, "auto"])
 def test_concurrent_greedy_requests_each_equal_their_solo_plain_decoding(draft_len) -> None:
-    target, draft = models(4)
+    # Decodes that take 2 ms, as real ones take time: the four threads' requests overlap for certain.
+    target = FakeModel(eos_bias=-9, n_seq=4, delay=0.002)
+    draft = FakeModel(seed=1, noise=1.0, eos_bias=-9, n_seq=4, delay=0.001)
     engine = Engine(target, draft, draft_len=draft_len)
     done = threaded(engine, PROMPTS, SamplingParams(temperature=0, max_tokens=30))
     for prompt, finished in zip(PROMPTS, done, strict=True):
