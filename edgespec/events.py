@@ -43,6 +43,8 @@ class Stats:
         0.0  # plain-decoding rate estimated from measured 1-token verifies; 0 = unknown
     )
     sampling_path: str = ""  # where the target's rows were sampled: in llama.cpp's graph, or numpy on whole rows
+    forced: int = 0  # of the accepted drafts, those the output's constraint forced (proposed without a drafter)
+    rereads: int = 0  # constrained rows whose candidates held too few allowed tokens, read again whole
 
     @property
     def acceptance_rate(self) -> float:

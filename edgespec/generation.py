@@ -14,11 +14,12 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from edgespec.constraint import Constraint, Mask
 from edgespec.drafters.base import Draft, Drafter
 from edgespec.drafters.controller import Load, Plan, RoundController
 from edgespec.drafters.lookup import LookupDrafter
@@ -31,6 +32,7 @@ from edgespec.sampling import LOGITS, Readout, SamplingParams, Scores, Uniforms,
 from edgespec.text import TextStream
 from edgespec.verify import Verdict, verify_greedy, verify_stochastic
 
+FORCED = "forced"  # the "drafter" of the tokens a constraint forces: proposed without drafting, surely accepted
 PROMPT_ROWS = 64  # prompt tokens a scored prefill decodes at once (each is a row: llama.cpp's buffers hold 65)
 
 
@@ -87,6 +89,8 @@ class Generation:
         self.ctx = list(prompt)
         self.n_prompt = len(prompt)
         self.rng: Uniforms = params.rng()
+        # The output's constraint, if any: its state after the committed output, forked along each draft.
+        self.constraint = None if params.constraint is None else Constraint(params.constraint, lane.target, is_eog)
         # What the verify reads back per row: the argmax or the top-k candidates, selected inside llama.cpp.
         self.readout: Readout = verify_readout(params, lane.target.n_vocab)
         self.events: deque[Event | BaseException] = deque()
@@ -179,21 +183,32 @@ class Generation:
         # The verify always adds one token, so draft at most room - 1.
         room = params.max_tokens - (len(self.ctx) - self.n_prompt)
         max_len = min(room - 1, self.max_gamma, load.room - 1)
+        constraint = self.constraint
         lookup_draft = Draft.empty()
         if self.lookup is not None and max_len > 0:
             # Costs ~nothing, so look first, every round, and let the controller weigh what was found (it also
             # checks the proposal against what the round commits, drafted or not).
             lookup_draft = self.lookup.propose(self.ctx, max_len, params, None)
+            if constraint is not None:  # what the constraint forbids would be rejected for certain
+                lookup_draft = Draft(lookup_draft.tokens[: constraint.valid_prefix(lookup_draft.tokens)], None)
         plan = self.controller.plan(lookup_draft.tokens, load)
+        forced = constraint.forced(max_len) if constraint is not None and max_len > 0 else []
+        if forced:  # free to propose and sure to be accepted: nothing drafts what the constraint already decides
+            plan = Plan(FORCED, len(forced), f"{len(forced)} forced by the {constraint.grammar.describe()}",
+                        expected=len(forced) + 1.0)  # fmt: skip
         gamma = min(plan.gamma, max_len)
         self.drafting = None
         if plan.drafter is None or gamma <= 0:
             draft = Draft.empty()
+        elif plan.drafter == FORCED:
+            draft = Draft(forced, None)
         elif plan.drafter == "lookup":
             draft = Draft(lookup_draft.tokens[:gamma], None)
         elif defer_model and plan.drafter == "model":
             draft = Draft.empty()
-            self.drafting = self.lane.drafters["model"].start(self.ctx, gamma, params, self.rng)
+            self.drafting = self.lane.drafters["model"].start(self.ctx, gamma, params, self.rng, constraint)
+        elif plan.drafter == "model":
+            draft = self.lane.drafters["model"].propose(self.ctx, gamma, params, self.rng, constraint)
         else:
             draft = self.lane.drafters[plan.drafter].propose(self.ctx, gamma, params, self.rng)
         self.plan, self.draft = plan, draft
@@ -222,7 +237,14 @@ class Generation:
         assert plan is not None
         gamma = len(draft.tokens)
         # 3. Accept.
-        k, token = accept(ctx, draft, scores, params, self.rng)
+        constraint = self.constraint
+        if constraint is None:
+            k, token = accept(ctx, draft, scores, params, self.rng)
+        else:
+            k, token = accept(
+                ctx, draft, scores, params, self.rng, lambda i: constraint.mask(draft.tokens, i), self._reread
+            )
+            self.tally.rereads = constraint.rereads  # the draft model's and the verify's
         new = [*draft.tokens[:k], token]
         from_draft = [True] * k + [False]
         eog = None
@@ -231,6 +253,8 @@ class Generation:
                 eog = i
                 del new[i + 1 :], from_draft[i + 1 :]
                 break
+        if constraint is not None:
+            constraint.commit(new)
         t3 = self.clock()
         # 4. Roll back both models to the committed prefix.
         ctx.extend(new)
@@ -256,6 +280,8 @@ class Generation:
             self.logprobs.extend(logprobs)
         n_out = len(ctx) - self.n_prompt  # committed after the prompt, an end-of-generation token included
         self.tally.add_round(gamma, k, self.t_draft, t_verify, t3 - t2)
+        if plan.drafter == FORCED:
+            self.tally.forced += k
         t_llama = sum(m.busy_seconds for m in self._models) - self._busy_at_start
         self.stats = self.tally.snapshot(
             self.t_start, t_llama, plan, self.controller, generated=n_out, draft_len=gamma
@@ -267,6 +293,17 @@ class Generation:
         self.events.append(_chunk(spans, emitted, from_draft, self.stats, logprobs))
         if finish is not None:
             self.finish(finish, stopped_by=stopped_by)
+
+    def _reread(self, row: int) -> np.ndarray:
+        """Row ``row`` of this round's verify as a whole logits row, decoded again: its candidates held too few
+        tokens the constraint allows. The KV keeps what came before it; the roll-back restores the rest."""
+        target = self.lane.target
+        tokens = [self.ctx[-1], *self.draft.tokens]
+        start = len(self.ctx) - 1  # the pending token's position
+        keep = min(len(target.kv_tokens) - start, row)  # this verify's tokens before the row, still in the KV
+        target.truncate(start + keep)
+        self.constraint.rereads += 1
+        return target.decode(tokens[keep : row + 1], [row - keep], LOGITS)[0]
 
     def finish(
         self,
@@ -321,16 +358,25 @@ class Generation:
         return spans, emitted, None, None
 
 
-def accept(ctx: list[int], draft: Draft, scores: Scores, params: SamplingParams, rng: Uniforms) -> Verdict:
-    """How many drafted tokens the target accepts, and the token it adds after them."""
+def accept(
+    ctx: list[int],
+    draft: Draft,
+    scores: Scores,
+    params: SamplingParams,
+    rng: Uniforms,
+    masks: Callable[[int], Mask] | None = None,
+    reread: Callable[[int], np.ndarray] | None = None,
+) -> Verdict:
+    """How many drafted tokens the target accepts, and the token it adds after them. ``masks``: row i's constraint
+    mask (the state after ``d_1..d_i-1``), when the request has a constraint; ``reread``: a row again, whole."""
     # Penalties see the text so far: row i's history is the committed text plus d_1..d_{i-1}.
     counts = windows(ctx, draft.tokens, params.repeat_last_n) if params.penalized else None
     if params.greedy:
-        if counts is None and not isinstance(scores, np.ndarray):
+        if counts is None and masks is None and not isinstance(scores, np.ndarray):
             return verify_greedy(draft.tokens, scores)  # the target's argmax per position, from llama.cpp
-        return verify_greedy(draft.tokens, _Tops(Warped(scores, params, counts)))
+        return verify_greedy(draft.tokens, _Tops(Warped(scores, params, counts, masks, reread)))
     # p_1..p_{γ+1}, each warped when the verifier first reads it
-    return verify_stochastic(draft.tokens, draft.q, Warped(scores, params, counts), rng)
+    return verify_stochastic(draft.tokens, draft.q, Warped(scores, params, counts, masks, reread), rng)
 
 
 class _Tally:
@@ -343,6 +389,8 @@ class _Tally:
         self.prefilled = 0
         self.t_prefill = 0.0
         self.rounds = self.drafted = self.accepted = 0
+        self.forced = 0  # accepted tokens the constraint forced
+        self.rereads = 0  # constrained verify rows read again whole
         self.t_draft = self.t_verify = self.t_sample = 0.0
         self.hist = [0] * (max_gamma + 1)  # hist[k]: rounds that accepted k drafts
 
@@ -384,6 +432,8 @@ class _Tally:
             decision=plan.reason if plan is not None else "",
             plain_tokens_per_second=controller.plain_tokens_per_second,
             sampling_path=self.sampling_path,
+            forced=self.forced,
+            rereads=self.rereads,
         )
 
 

@@ -31,7 +31,7 @@ import math
 import random
 from bisect import bisect_right
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Literal, NamedTuple, Protocol
@@ -39,6 +39,7 @@ from typing import Literal, NamedTuple, Protocol
 import numpy as np
 
 from edgespec import penalties
+from edgespec.constraint import Grammar, Mask
 from edgespec.errors import InvalidParameterError, ModelError
 
 
@@ -63,6 +64,8 @@ class SamplingParams:
     logprobs: int | None = None
     # The same for the prompt's tokens (its first has none); with these, max_tokens may be 0: score the prompt only.
     prompt_logprobs: int | None = None
+    # What the output must match: a JSON schema, a regular expression or a grammar (edgespec.constraint).
+    constraint: Grammar | None = None
 
     def __post_init__(self) -> None:
         # Accept a list for stop (a dict for logit_bias) but store tuples so the object stays hashable and immutable.
@@ -109,8 +112,12 @@ class SamplingParams:
                 problems.append(f"{name} must be an integer 0..20 (the alternatives to list), got {value!r}")
         if any(t < 0 or not math.isfinite(b) or abs(b) > 100 for t, b in self.logit_bias):
             problems.append("logit_bias maps token ids >= 0 to biases in [-100, 100]")
+        if self.constraint is not None and not isinstance(self.constraint, Grammar):
+            problems.append(f"constraint must be an edgespec.Grammar, got {type(self.constraint).__name__}")
         if problems:
             raise InvalidParameterError("; ".join(problems))
+        if self.constraint is not None:
+            self.constraint.compiled()  # a grammar that cannot compile is refused here, naming its problem
 
     @property
     def greedy(self) -> bool:
@@ -162,8 +169,26 @@ def verify_readout(params: SamplingParams, n_vocab: int) -> Readout:
     return LOGITS if params.logprobs is not None else readout_for(params, n_vocab)
 
 
+# A constrained row reads this many candidates beyond what it needs: the mask removes some, and a row whose
+# candidates keep too few allowed ones is read again whole (NeedWholeRow).
+CONSTRAINED_MARGIN = 32
+
+
+def candidates_kept(params: SamplingParams) -> int:
+    """How many of a row's best raw candidates are sure to hold every token its warp can keep: the top-k (1 when
+    greedy) and the tokens penalties may push below it (see :mod:`edgespec.penalties`)."""
+    k = 1 if params.greedy else params.top_k
+    return penalties.candidates_needed(params, k) if params.penalized else k
+
+
 def readout_for(params: SamplingParams, n_vocab: int) -> Readout:
     """The cheapest readout that still gives :func:`warp` everything it needs for ``params``."""
+    if params.constraint is not None:
+        # Candidates beyond the top-k: the mask drops some (a row left with too few is read again whole).
+        if (params.penalized and not penalties.only_lowers(params)) or (not params.greedy and params.top_k == 0):
+            return LOGITS
+        k = candidates_kept(params) + CONSTRAINED_MARGIN
+        return Readout("top_k", k) if k < n_vocab else LOGITS
     if params.penalized:
         # The candidates must hold every token that can make the top-k after penalties (edgespec.penalties).
         if not penalties.only_lowers(params):
@@ -246,11 +271,15 @@ class Dist(NamedTuple):
 PY_ROW_MAX = 128
 
 
+class NeedWholeRow(Exception):
+    """A constrained row's candidates hold too few allowed tokens to be sure of its top-k: read the row whole."""
+
+
 def warp(scores: Scores, params: SamplingParams) -> list[Dist]:
     """Rows of raw logits (``[n_vocab]`` or ``[R, n_vocab]``, or llama.cpp's top-k :class:`Candidates`) → the
     distributions the sampler draws from, one per row."""
-    if params.penalized:
-        raise ValueError("warp() knows no history for penalties or a logit bias: use warp_row with the row's counts")
+    if params.penalized or params.constraint is not None:
+        raise ValueError("warp() knows no history for penalties or a constraint: use warp_row with the row's state")
     if isinstance(scores, np.ndarray) and scores.ndim == 1:
         scores = scores.reshape(1, -1)
     return [warp_row(scores, r, params) for r in range(len(scores))]
@@ -260,26 +289,51 @@ class Warped(Sequence[Dist]):
     """:func:`warp`, row by row when a row is first asked for: a verify reads the rows up to its first rejection.
 
     ``counts``: per row, the token counts its penalties see (:func:`edgespec.penalties.windows`), when ``params``
-    has penalties or a logit bias.
+    has penalties or a logit bias. ``masks``: per row, the constraint's :class:`~edgespec.constraint.Mask`, when
+    ``params`` has a constraint; ``reread``: the whole logits row of a row whose candidates were too few
+    (:class:`NeedWholeRow`).
     """
 
-    def __init__(self, scores: Scores, params: SamplingParams, counts: Sequence[Counter[int]] | None = None) -> None:
+    def __init__(
+        self,
+        scores: Scores,
+        params: SamplingParams,
+        counts: Sequence[Counter[int]] | None = None,
+        masks: Callable[[int], Mask] | None = None,
+        reread: Callable[[int], np.ndarray] | None = None,
+    ) -> None:
         self._scores, self._params, self._counts = scores, params, counts
+        self._masks, self._reread = masks, reread
 
     def __len__(self) -> int:
         return len(self._scores)
 
     def __getitem__(self, row: int) -> Dist:  # type: ignore[override]  # rows only, no slices
-        return warp_row(self._scores, row, self._params, None if self._counts is None else self._counts[row])
+        counts = None if self._counts is None else self._counts[row]
+        if self._masks is None:
+            return warp_row(self._scores, row, self._params, counts)
+        mask = self._masks(row)
+        try:
+            return warp_row(self._scores, row, self._params, counts, mask)
+        except NeedWholeRow:
+            if self._reread is None:
+                raise
+            return warp_row(self._reread(row)[None, :], 0, self._params, counts, mask)
 
 
-def warp_row(scores: Scores, row: int, params: SamplingParams, counts: Counter[int] | None = None) -> Dist:
-    """Row ``row`` of ``scores`` (see :func:`warp`), warped; with ``params``'s penalties and logit bias applied
-    first, given the token ``counts`` of the row's window, when it has them."""
+def warp_row(
+    scores: Scores, row: int, params: SamplingParams, counts: Counter[int] | None = None, mask: Mask | None = None
+) -> Dist:
+    """Row ``row`` of ``scores`` (see :func:`warp`), warped; with the constraint's ``mask`` applied first (when it
+    has one), then ``params``'s penalties and logit bias, given the token ``counts`` of the row's window.
+
+    :class:`NeedWholeRow` when ``scores`` are candidates and too few of them are allowed to be sure of the row."""
     if isinstance(scores, Candidates):
         ids, x = scores.ids[row], scores.logits[row]
         if isinstance(x, np.ndarray):
             ids, x = ids.tolist(), x.tolist()
+        if mask is not None:
+            ids, x = _allowed(ids, x, mask, params)
         if counts is not None:
             x = penalties.penalize_list(ids, x, counts, params)
         if params.greedy:
@@ -290,14 +344,36 @@ def warp_row(scores: Scores, row: int, params: SamplingParams, counts: Counter[i
         return _warp_candidates(ids, x, params)
 
     logits = scores[row]
+    top_k = params.top_k
+    if mask is not None:
+        logits = np.where(mask.dense(logits.shape[0]), logits, -np.inf)
+        top_k = min(top_k, mask.count)
     if counts is not None:
         logits = penalties.penalize_row(logits, counts, params)
     if params.greedy:
         return Dist.one_hot(int(logits.argmax()))
-    if 0 < params.top_k < logits.shape[0]:
-        ids = logits.argpartition(-params.top_k)[-params.top_k :]
+    if 0 < top_k < logits.shape[0]:
+        ids = logits.argpartition(-top_k)[-top_k:]
         return _warp_candidates(ids.tolist(), logits[ids].tolist(), params)
     return _warp_full_row(logits, params)
+
+
+def _allowed(ids: list[int], x: list[float], mask: Mask, params: SamplingParams) -> tuple[list[int], list[float]]:
+    """The candidates the mask allows. They are the best allowed tokens only if enough of them remain: the top-k
+    (after penalties) of the allowed tokens lies within the first :func:`candidates_kept` allowed ones in raw
+    order, or all of the allowed tokens are here."""
+    kept_ids: list[int] = []
+    kept_x: list[float] = []
+    bits = mask.bits
+    n_bytes = len(bits)
+    for t, v in zip(ids, x, strict=True):
+        b = t >> 3
+        if b < n_bytes and (bits[b] >> (t & 7)) & 1:
+            kept_ids.append(t)
+            kept_x.append(v)
+    if len(kept_ids) < candidates_kept(params) and len(kept_ids) < mask.count:
+        raise NeedWholeRow
+    return kept_ids, kept_x
 
 
 def _warp_candidates(ids: list[int], x: list[float], params: SamplingParams) -> Dist:

@@ -9,13 +9,28 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from edgespec.drafters.base import Draft
 from edgespec.models.backend import Model, common_prefix
 from edgespec.penalties import window
-from edgespec.sampling import LOGITS, Dist, Readout, SamplingParams, Scores, Uniforms, readout_for, sample, warp_row
+from edgespec.sampling import (
+    LOGITS,
+    Dist,
+    NeedWholeRow,
+    Readout,
+    SamplingParams,
+    Scores,
+    Uniforms,
+    readout_for,
+    sample,
+    warp_row,
+)
+
+if TYPE_CHECKING:
+    from edgespec.constraint import Constraint
 
 
 @dataclass
@@ -31,6 +46,7 @@ class Drafting:
     tokens: list[int] = field(default_factory=list)
     qs: list[Dist] = field(default_factory=list)
     done: bool = False
+    constraint: Constraint | None = None  # q_j is masked with its state after the context + d_1..d_j-1
 
     def draft(self) -> Draft:
         return Draft(self.tokens, None if self.params.greedy or not self.qs else self.qs)
@@ -59,25 +75,39 @@ class ModelDrafter:
         return max(len(context) - 1 - len(self.model.kv_tokens), 0)
 
     def propose(
-        self, context: Sequence[int], max_len: int, params: SamplingParams, rng: Uniforms
+        self,
+        context: Sequence[int],
+        max_len: int,
+        params: SamplingParams,
+        rng: Uniforms,
+        constraint: Constraint | None = None,
     ) -> Draft:
         if max_len <= 0:
             return Draft.empty()
-        drafting = self.start(context, max_len, params, rng)
+        drafting = self.start(context, max_len, params, rng, constraint)
         while not drafting.done:
             _, tokens, rows, readout = self.part(drafting)
             self.take(drafting, self.model.decode(tokens, rows, readout))
         return drafting.draft()
 
     # A draft one step at a time, so that an engine can run the steps of several sequences' drafts in one decode.
-    def start(self, context: Sequence[int], max_len: int, params: SamplingParams, rng: Uniforms) -> Drafting:
-        """A draft of up to ``max_len`` (>= 1) tokens after ``context``; its steps are :meth:`part` and :meth:`take`."""
+    def start(
+        self,
+        context: Sequence[int],
+        max_len: int,
+        params: SamplingParams,
+        rng: Uniforms,
+        constraint: Constraint | None = None,
+    ) -> Drafting:
+        """A draft of up to ``max_len`` (>= 1) tokens after ``context``; its steps are :meth:`part` and :meth:`take`.
+        ``constraint``: the request's, when it has one (each q is masked with it)."""
         model = self.model
         # A greedy draft needs only each step's argmax, unless the confidence cutoff needs the whole row.
         readout = LOGITS if params.greedy and self.p_min > 0 else readout_for(params, model.n_vocab)
         # Everything committed that the KV lacks: [x_{n-1}] usually, [d_γ, t] after a fully accepted round, more
         # after rounds this drafter sat out. One decode catches up and yields q_1.
-        return Drafting(context, max_len, params, rng, readout, list(context[len(model.kv_tokens) :]))
+        feed = list(context[len(model.kv_tokens) :])
+        return Drafting(context, max_len, params, rng, readout, feed, constraint=constraint)
 
     def part(self, drafting: Drafting) -> tuple[object, list[int], list[int], Readout]:
         """The next decode of the draft: ``(sequence, tokens, rows, readout)``, scored at its last token."""
@@ -91,7 +121,17 @@ class ModelDrafter:
         else:
             # penalised with the draft's history too: the context plus the tokens drafted so far
             counts = window(drafting.context, drafting.tokens, params.repeat_last_n) if params.penalized else None
-            q = warp_row(scores, 0, params, counts)
+            constraint = drafting.constraint
+            if constraint is None:
+                q = warp_row(scores, 0, params, counts)
+            else:
+                mask = constraint.mask(drafting.tokens, len(drafting.tokens))
+                try:
+                    q = warp_row(scores, 0, params, counts, mask)
+                except NeedWholeRow:  # too few allowed candidates: the row again, whole
+                    constraint.rereads += 1
+                    scores = self._reread(drafting.feed[-1])
+                    q = warp_row(scores, 0, params, counts, mask)
             if self.p_min > 0 and _confidence(scores, q, params) < self.p_min:
                 drafting.done = True
                 return
@@ -100,6 +140,12 @@ class ModelDrafter:
         drafting.tokens.append(d)
         drafting.feed = [d]
         drafting.done = len(drafting.tokens) == drafting.max_len
+
+    def _reread(self, token: int) -> np.ndarray:
+        """The whole logits row after the KV's last token (``token``), decoded again."""
+        model = self.model
+        model.truncate(len(model.kv_tokens) - 1)
+        return model.decode([token], [0], LOGITS)
 
     def commit(self, context: Sequence[int]) -> None:
         # Roll back: keep the longest prefix of the KV that is committed, never the pending last token.
