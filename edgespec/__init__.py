@@ -15,6 +15,7 @@ try:
 except (ImportError, OSError, RuntimeError):
     pass
 
+from edgespec.constraint import Grammar  # noqa: E402
 from edgespec.errors import (  # noqa: E402
     ContextOverflowError,
     EdgespecError,
@@ -29,6 +30,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ContextOverflowError",
     "EdgespecError",
+    "Grammar",
     "InvalidParameterError",
     "ModelError",
     "SamplingParams",

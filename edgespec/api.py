@@ -152,11 +152,12 @@ class Runtime:
         """
         return self.stream(self.render_chat(messages), params, cancel=cancel)
 
-    def render_chat(self, messages: Sequence[dict]) -> list[int]:
+    def render_chat(self, messages: Sequence[dict], tools: Sequence[dict] | None = None) -> list[int]:
+        """``messages`` in the model's chat template, tokenized; ``tools`` (OpenAI's shape) go to the template."""
         model = self.engine.target
         bos = model.token_text(model.vocab.bos) if model.vocab.bos >= 0 else ""
         eos = model.token_text(model.vocab.eos) if model.vocab.eos >= 0 else ""
-        text = render(messages, model.chat_template, bos_token=bos, eos_token=eos)
+        text = render(messages, model.chat_template, bos_token=bos, eos_token=eos, tools=tools)
         # The template writes BOS itself when the model wants it; do not let the tokenizer add a second one.
         tokens = model.tokenize(text, add_special=not (bos and text.startswith(bos)))
         return tokens

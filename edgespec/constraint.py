@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -64,7 +65,8 @@ class Grammar:
                 raise InvalidParameterError(f"json_schema is not valid JSON: {e}") from None
         if not isinstance(schema, (dict, bool)):
             raise InvalidParameterError(f"a JSON schema is an object (or true/false), got {type(schema).__name__}")
-        return Grammar("json_schema", json.dumps(schema, sort_keys=True))
+        # Not sorted: the order of "properties" is the order the output writes them in.
+        return Grammar("json_schema", json.dumps(schema))
 
     @staticmethod
     def json_object() -> Grammar:
@@ -158,7 +160,9 @@ def tokenizer_for(model: Any) -> Any:
         if hasattr(base, "_vocab"):  # a llama.cpp model: llguidance reads its vocabulary and tokenizer directly
             from llguidance.llamacpp import lltokenizer_from_vocab
 
-            tokenizer = lltokenizer_from_vocab(base._vocab, n_vocab=n_vocab, eos_token=eog or None)
+            with warnings.catch_warnings():  # it reads each token's attributes with a since-renamed function
+                warnings.simplefilter("ignore", DeprecationWarning)
+                tokenizer = lltokenizer_from_vocab(base._vocab, n_vocab=n_vocab, eos_token=eog or None)
         else:  # anything else with token pieces and a tokenizer (the tests' fakes)
             tokenizer = llg.LLTokenizer(llg.TokenizerWrapper(_Pieces(base, eog)), n_vocab=n_vocab)
         base._constraint_tokenizer = tokenizer

@@ -106,6 +106,8 @@ class Stats:
             "plain_tokens_per_second": round(self.plain_tokens_per_second, 3),
             "outside_ms_per_token": round(self.outside_ms_per_token, 4),
             "sampling_path": self.sampling_path,
+            "forced": self.forced,
+            "rereads": self.rereads,
         }
 
 

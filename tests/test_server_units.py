@@ -56,9 +56,8 @@ def request(draft_len="auto", lookup=True) -> GenerationRequest:
     ("fields", "param"),
     [
         ({"n": 3, "stream": True}, "n"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-        ({"tool_choice": "required"}, "tool_choice"),
-        ({"response_format": {"type": "json_schema"}}, "response_format"),
+        ({"functions": [{"name": "f"}]}, "functions"),
+        ({"function_call": {"name": "f"}}, "function_call"),
     ],
 )
 def test_unsupported_chat_features_are_refused_by_name(fields, param):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import click
@@ -187,10 +188,62 @@ def _add_sampling_options(f: Callable, max_tokens: int) -> Callable:
     return f
 
 
+def constraint_options(f: Callable) -> Callable:
+    """What the output must match: at most one of a JSON schema, any JSON object, a regex, a grammar."""
+    for decorator in reversed(
+        [
+            click.option(
+                "--json-schema",
+                metavar="FILE|JSON",
+                help="Output a JSON document valid under this schema (a file, or the schema itself).",
+            ),
+            click.option("--json-object", is_flag=True, help="Output any JSON object."),
+            click.option("--regex", metavar="PATTERN", help="Output a string matching PATTERN in full (Rust regex)."),
+            click.option(
+                "--grammar",
+                metavar="FILE",
+                type=click.Path(dir_okay=False),
+                help="Output a sentence of this grammar: GBNF as llama.cpp writes it (root ::= ...; a .gbnf file) "
+                "or llguidance's Lark syntax.",
+            ),
+        ]
+    ):
+        f = decorator(f)
+    return f
+
+
+def constraint_from(opts: dict[str, Any]):
+    """The :class:`~edgespec.constraint.Grammar` the constraint options ask for, or None."""
+    from edgespec.constraint import Grammar
+
+    given = [name for name in ("json_schema", "json_object", "regex", "grammar") if opts.get(name)]
+    if len(given) > 1:
+        raise click.UsageError("give one of --json-schema, --json-object, --regex, --grammar")
+    if not given:
+        return None
+    if opts.get("json_object"):
+        return Grammar.json_object()
+    if opts.get("regex"):
+        return Grammar.regex(opts["regex"])
+    if opts.get("json_schema"):
+        value = opts["json_schema"]
+        path = Path(value)
+        if not value.lstrip().startswith("{") and not path.is_file():
+            raise click.BadParameter(f"{value} is neither a file nor a JSON schema", param_hint="--json-schema")
+        return Grammar.json_schema(path.read_text() if not value.lstrip().startswith("{") else value)
+    path = Path(opts["grammar"])
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise click.BadParameter(f"cannot read {path}: {e.strerror}", param_hint="--grammar") from None
+    return Grammar.gbnf(text) if path.suffix == ".gbnf" or "::=" in text else Grammar.lark(text)
+
+
 def sampling_params(opts: dict[str, Any]):
     from edgespec.sampling import SamplingParams
 
     return SamplingParams(
+        constraint=constraint_from(opts),
         temperature=opts["temperature"],
         top_k=opts["top_k"],
         top_p=opts["top_p"],
@@ -306,10 +359,13 @@ def describe_stats(s: Stats) -> str:
     """One line for stderr: speed, acceptance, and where the time went."""
     return (
         f"{s.generated} tokens in {s.t_decode:.2f}s: {s.tokens_per_second:.1f} tok/s | "
-        f"drafted {s.drafted}, accepted {s.accepted} ({s.acceptance_rate:.0%}), "
+        f"drafted {s.drafted}, accepted {s.accepted} ({s.acceptance_rate:.0%}"
+        + (f"; {s.forced} forced by the constraint" if s.forced else "")
+        + "), "
         f"{s.tokens_per_verify:.2f} tokens/verify over {s.rounds} verifies | "
         f"prefill {s.prefilled_tokens}/{s.prompt_tokens} tokens {s.t_prefill:.2f}s, draft {s.t_draft:.2f}s, "
         f"verify {s.t_verify:.2f}s, sampling {s.t_sample:.3f}s, other {s.t_other:.3f}s | "
         f"outside llama.cpp {s.outside_ms_per_token:.3f} ms/token ({s.python_overhead:.1%}); "
         f"sampling: {s.sampling_path}"
+        + (f" ({s.rereads} constrained rows read again whole)" if s.rereads else "")
     )

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from edgespec.cli.common import (
+    constraint_options,
     describe_stats,
     load_runtime,
     model_options,
@@ -22,12 +23,15 @@ from edgespec.cli.common import (
 @click.argument("prompt")
 @model_options
 @sampling_options()
+@constraint_options
 @click.option("--chat", "as_chat", is_flag=True, help="Wrap PROMPT as a user message in the model's chat template.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, tokens, stats) at the end.")
 def generate(prompt: str, as_chat: bool, as_json: bool, **opts: Any) -> None:
     """Generate a continuation of PROMPT ('-' reads it from stdin).
 
-    Text streams to stdout as it is verified; statistics go to stderr.
+    Text streams to stdout as it is verified; statistics go to stderr. --json-schema, --json-object, --regex or
+    --grammar constrain the output (exactly: the constrained distribution, with or without speculation); tokens
+    the constraint forces are proposed as free drafts.
     """
     if prompt == "-":
         prompt = sys.stdin.read()

@@ -42,8 +42,11 @@ def render(
     bos_token: str = "",
     eos_token: str = "",
     add_generation_prompt: bool = True,
+    tools: Sequence[dict] | None = None,
 ) -> str:
-    """The prompt text for ``messages`` (dicts with ``role`` and ``content``)."""
+    """The prompt text for ``messages`` (dicts with ``role`` and ``content``; an assistant's may hold
+    ``tool_calls``, a tool's ``tool_call_id``). ``tools``: the functions the model may call, in OpenAI's shape,
+    for a template that takes them."""
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
             raise EdgespecError(f"message {i} must be a dict with role in {ROLES} and a string content")
@@ -53,6 +56,7 @@ def render(
             add_generation_prompt=add_generation_prompt,
             bos_token=bos_token,
             eos_token=eos_token,
+            **({"tools": list(tools)} if tools else {}),
         )
     except TemplateError as exc:
         raise EdgespecError(f"the model's chat template failed: {exc}") from exc

@@ -25,6 +25,7 @@ from edgespec.server.prepare import (
     generation_request,
     prompt_tokens,
     refuse_unsupported,
+    tool_use,
 )
 from edgespec.server.responses import ResponseShape, speculation, timings
 from edgespec.server.schemas import ChatCompletionRequest, CompletionRequest
@@ -125,9 +126,11 @@ def create_app(load: Callable[[], Runtime], settings: ServerSettings | None = No
         loaded = ready()
         served = model_id(loaded)
         check_model(body.model, [served, loaded.runtime.target.name])
-        source = chat_messages(body) if isinstance(body, ChatCompletionRequest) else completion_prompt(body)
-        prompt = await run_in_threadpool(prompt_tokens, loaded.runtime, source)
-        generation = generation_request(loaded, body, prompt)
+        is_chat = isinstance(body, ChatCompletionRequest)
+        tools = tool_use(body, loaded.runtime.engine.target.chat_template) if is_chat else None
+        source = chat_messages(body) if is_chat else completion_prompt(body)
+        prompt = await run_in_threadpool(prompt_tokens, loaded.runtime, source, tools)
+        generation = generation_request(loaded, body, prompt, tools)
         job = worker.submit(generation)
         shape = ResponseShape(kind, served, piece=loaded.runtime.engine.target.piece)
         draft_model = loaded.runtime.draft.name if loaded.runtime.draft is not None else None
@@ -147,7 +150,12 @@ def create_app(load: Callable[[], Runtime], settings: ServerSettings | None = No
         wants_logprobs = generation.params.logprobs is not None
         return JSONResponse(
             shape.complete(
-                outcome, extras(outcome), logprobs=wants_logprobs, echo=generation.echo, prompt=generation.prompt
+                outcome,
+                extras(outcome),
+                logprobs=wants_logprobs,
+                echo=generation.echo,
+                prompt=generation.prompt,
+                tools=generation.tools,
             )
         )
 

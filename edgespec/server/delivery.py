@@ -21,6 +21,7 @@ from edgespec.server.errors import ApiError, from_edgespec_error
 from edgespec.server.extension import RoundLog
 from edgespec.server.responses import FINISH_REASONS, ResponseShape
 from edgespec.server.worker import GenerationWorker, Job, Outcome
+from edgespec.tools import CallStream
 
 Extras = Callable[[Outcome], dict]  # the ``timings`` and ``speculation`` of an outcome
 
@@ -52,6 +53,8 @@ async def _frames(
     offset = 0  # characters of the output before the chunk (the completions' text_offset)
     request = job.request
     wants_logprobs = request.params.logprobs is not None
+    # With tools, the start of the reply is held while it may be a call: calls go out whole, as one delta.
+    calls = CallStream(request.tools.format, request.tools.tools) if request.tools is not None else None
     try:
         if request.echo is not None:  # the prompt first, as a chunk of its own (echo with logprobs is not streamed)
             piece = shape.chunk(request.echo, first=True)
@@ -62,16 +65,26 @@ async def _frames(
             offset = len(request.echo)
         async for item in job.events():
             if isinstance(item, Outcome):
-                last = shape.chunk(None, first=first, finish_reason=FINISH_REASONS[item.finished.finish_reason])
+                reason = FINISH_REASONS[item.finished.finish_reason]
+                if calls is not None:
+                    text, made = calls.finish()
+                    if text:
+                        yield _json(_usage_slot(shape.chunk(text, first=first), include_usage))
+                        first = False
+                    if made:
+                        yield _json(_usage_slot(_with_role(shape.tool_calls_chunk(made), first), include_usage))
+                        first, reason = False, ("tool_calls" if reason == "stop" else reason)
+                last = shape.chunk(None, first=first, finish_reason=reason)
                 if include_usage:
                     yield _json({**last, "usage": None})
                     last = shape.usage_chunk(item)
                 yield _json({**last, **extras(item), "edgespec": log.finish(item.finished.stats)})
                 continue
             log.observe(item)
-            if item.text or item.logprobs:  # a chunk whose text is held back still carries its tokens' logprobs
+            text = calls.feed(item.text) if calls is not None else item.text
+            if text or item.logprobs:  # a chunk whose text is held back still carries its tokens' logprobs
                 piece = shape.chunk(
-                    item.text, first=first, logprobs=item.logprobs if wants_logprobs else None, offset=offset
+                    text or None, first=first, logprobs=item.logprobs if wants_logprobs else None, offset=offset
                 )
                 if wants_logprobs:
                     offset += sum(len(shape.token_text(lp.token)) for lp in item.logprobs)
@@ -116,6 +129,16 @@ def _as_api_error(exc: Exception) -> ApiError:
     if isinstance(exc, EdgespecError):
         return from_edgespec_error(exc)
     return ApiError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error")
+
+
+def _usage_slot(piece: dict, include_usage: bool) -> dict:
+    return {**piece, "usage": None} if include_usage else piece
+
+
+def _with_role(piece: dict, first: bool) -> dict:
+    if first:
+        piece["choices"][0]["delta"] = {"role": "assistant", **piece["choices"][0]["delta"]}
+    return piece
 
 
 def _json(obj: dict) -> str:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from edgespec.constraint import Grammar
 from edgespec.engine import parse_draft_len
 from edgespec.errors import EdgespecError
 from edgespec.logprobs import MAX_TOP_LOGPROBS
@@ -19,6 +20,7 @@ from edgespec.models.chat_template import ROLES
 from edgespec.sampling import SamplingParams
 from edgespec.server.errors import ApiError, bad_request
 from edgespec.server.schemas import ChatCompletionRequest, CompletionRequest, TextPart
+from edgespec.tools import Tool, ToolFormat, call_grammar, parse_tools, template_format, template_tool_calls
 
 if TYPE_CHECKING:
     from edgespec.api import Runtime
@@ -37,6 +39,23 @@ class GenerationRequest:
     lookup: bool
     n: int = 1  # choices: requests of the same prompt, each with its own seed
     echo: str | None = None  # completions with echo: the prompt's text, which the response starts with
+    tools: ToolUse | None = None  # chat with tools: how to read calls out of the reply
+
+
+@dataclass(frozen=True)
+class ToolUse:
+    """A chat request's tools, and how its model writes calls to them."""
+
+    format: ToolFormat
+    tools: tuple[Tool, ...]
+    choice: str  # "auto", "required" or the name of the function that must be called
+    # parallel_tool_calls: a required call may be several. Off unless asked for, as in llama-server: unconstrained
+    # by a stop, a small model asked for "one or more" calls keeps calling until max_tokens.
+    several: bool = False
+
+    @property
+    def template_tools(self) -> list[dict]:
+        return [t.as_template_dict() for t in self.tools]
 
 
 MAX_CHOICES = 16  # n: more choices than this many sequences would mostly wait for each other
@@ -52,13 +71,12 @@ def refuse_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None:
         raise bad_request(f"n must be an integer 1..{MAX_CHOICES}", param="n")
     if body.n is not None and body.n > 1 and body.stream:
         refuse("n", "n > 1 with stream (several choices are returned whole)")
-    if body.response_format is not None and body.response_format != {"type": "text"}:
-        refuse("response_format", "response_format other than text (JSON mode, JSON schema)")
     if isinstance(body, ChatCompletionRequest):
-        if body.tools or body.functions:
-            refuse("tools" if body.tools else "functions", "tool calling")
-        if body.tool_choice not in (None, "none", "auto") or body.function_call not in (None, "none", "auto"):
-            refuse("tool_choice" if body.tool_choice is not None else "function_call", "tool calling")
+        if body.functions or body.function_call not in (None, "none", "auto"):
+            refuse(
+                "functions" if body.functions else "function_call",
+                "the deprecated functions/function_call (send tools and tool_choice)",
+            )
         if body.audio is not None:
             refuse("audio", "audio output")
         if body.modalities is not None and body.modalities != ["text"]:
@@ -87,8 +105,92 @@ def check_model(requested: str | None, served: Sequence[str]) -> None:
         )
 
 
+def response_constraint(body: ChatCompletionRequest | CompletionRequest) -> Grammar | None:
+    """OpenAI's ``response_format``: text (no constraint), ``json_object``, or ``json_schema`` (strict)."""
+    fmt = body.response_format
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return Grammar.json_object()
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, (dict, bool)):
+            raise bad_request(
+                "response_format json_schema needs json_schema.schema, a JSON schema object", param="response_format"
+            )
+        try:
+            grammar = Grammar.json_schema(schema)
+            grammar.compiled()  # a schema the constraint engine cannot compile: a 400 naming its problem
+        except EdgespecError as exc:
+            raise bad_request(str(exc), param="response_format") from exc
+        return grammar
+    raise bad_request(
+        "response_format.type must be text, json_object or json_schema", param="response_format"
+    )
+
+
+def tool_use(body: ChatCompletionRequest, template: str | None) -> ToolUse | None:
+    """The request's tools checked against its ``tool_choice`` and against the model's chat template (None when
+    there are none, or ``tool_choice`` is ``none``)."""
+    if body.tools is None or body.tools == []:
+        if body.tool_choice not in (None, "none", "auto"):
+            raise bad_request("tool_choice needs tools", param="tool_choice")
+        return None
+    try:
+        tools = parse_tools(body.tools)
+    except EdgespecError as exc:
+        raise bad_request(str(exc), param="tools") from exc
+    choice = body.tool_choice if body.tool_choice is not None else "auto"
+    if isinstance(choice, dict):
+        function = choice.get("function") if choice.get("type") == "function" else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str):
+            raise bad_request(
+                'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}',
+                param="tool_choice",
+            )
+        if name not in {t.name for t in tools}:
+            raise bad_request(f"tool_choice names {name!r}, which is not among the tools", param="tool_choice")
+        choice = name
+    elif choice not in ("none", "auto", "required"):
+        raise bad_request('tool_choice must be "none", "auto", "required" or a function', param="tool_choice")
+    if choice == "none":
+        return None
+    fmt = template_format(template)
+    if fmt is None:
+        raise ApiError(
+            400,
+            "tools are not supported for this model: its chat template takes no tools (tool calls are read in the "
+            "Qwen/Hermes <tool_call> format and Llama 3's JSON format)",
+            param="tools",
+            code="unsupported_parameter",
+        )
+    return ToolUse(fmt, tuple(tools), choice, body.parallel_tool_calls is True)
+
+
+def tool_constraint(use: ToolUse, runtime: Runtime) -> Grammar | None:
+    """What makes the model call a tool: for ``required`` any of them, for a named choice that one."""
+    if use.choice == "auto":
+        return None
+    chosen = use.tools if use.choice == "required" else tuple(t for t in use.tools if t.name == use.choice)
+    model = runtime.engine.target
+    markers = [model.tokenize(tag, add_special=False, parse_special=True) for tag in ("<tool_call>", "</tool_call>")]
+    special = all(len(ids) == 1 for ids in markers)  # one token each: the vocabulary's own (special) tokens
+    try:
+        grammar = call_grammar(use.format, chosen, special_markers=special, several=use.several)
+        grammar.compiled()
+        return grammar
+    except EdgespecError as exc:
+        raise bad_request(f"the tools' parameter schemas: {exc}", param="tools") from exc
+
+
 def chat_messages(body: ChatCompletionRequest) -> list[dict]:
-    """The messages as the chat template takes them: a known role and a string content."""
+    """The messages as the chat template takes them: a known role and a string content (and an assistant's
+    ``tool_calls``, a tool reply's ``tool_call_id``)."""
     messages = []
     for i, message in enumerate(body.messages):
         role = ROLE_ALIASES.get(message.role, message.role)
@@ -115,8 +217,15 @@ def chat_messages(body: ChatCompletionRequest) -> list[dict]:
                     )
                 parts.append(part.text)
             text = "\n".join(parts)
-        messages.append({"role": role, "content": text})
-    return messages
+        entry: dict = {"role": role, "content": text}
+        if message.tool_calls:
+            entry["tool_calls"] = message.tool_calls
+        if message.tool_call_id is not None:
+            entry["tool_call_id"] = message.tool_call_id
+        if message.name is not None:
+            entry["name"] = message.name
+        messages.append(entry)
+    return template_tool_calls(messages)
 
 
 def completion_prompt(body: CompletionRequest) -> str | list[int]:
@@ -133,13 +242,16 @@ def completion_prompt(body: CompletionRequest) -> str | list[int]:
     return prompt
 
 
-def prompt_tokens(runtime: Runtime, source: list[dict] | str | list[int]) -> tuple[int, ...]:
-    """Chat messages rendered with the model's template, a text tokenized, or token ids checked. Blocking."""
+def prompt_tokens(
+    runtime: Runtime, source: list[dict] | str | list[int], tools: ToolUse | None = None
+) -> tuple[int, ...]:
+    """Chat messages rendered with the model's template (and the tools), a text tokenized, or token ids checked.
+    Blocking."""
     try:
         if isinstance(source, str):
             tokens = runtime.engine.target.tokenize(source)
         elif source and isinstance(source[0], dict):
-            tokens = runtime.render_chat(source)
+            tokens = runtime.render_chat(source, tools.template_tools if tools is not None else None)
         else:
             n_vocab = runtime.engine.target.n_vocab
             bad = next((t for t in source if not 0 <= t < n_vocab), None)
@@ -157,6 +269,7 @@ def generation_request(
     loaded: Loaded,
     body: ChatCompletionRequest | CompletionRequest,
     prompt: tuple[int, ...],
+    tools: ToolUse | None = None,
 ) -> GenerationRequest:
     """Sampling parameters and drafting for ``body`` (the server's defaults where it says nothing), with
     max_tokens fitted to the context."""
@@ -202,6 +315,15 @@ def generation_request(
     fields["logprobs"] = requested_logprobs(body)
     if scoring:
         fields["prompt_logprobs"] = fields["logprobs"]
+    constraint = response_constraint(body)
+    if tools is not None:
+        called = tool_constraint(tools, loaded.runtime)
+        if called is not None and constraint is not None:
+            raise bad_request(
+                "response_format and a required tool call cannot both constrain the reply", param="response_format"
+            )
+        constraint = constraint or called
+    fields["constraint"] = constraint
     try:
         params = SamplingParams(**fields, seed=seed, max_tokens=max_tokens, stop=tuple(stop))
     except EdgespecError as exc:
@@ -210,7 +332,7 @@ def generation_request(
     if echo:  # the prompt as sent (a token list as its text)
         source = completion_prompt(body)  # type: ignore[arg-type]
         echoed = source if isinstance(source, str) else loaded.runtime.engine.target.detokenize(prompt)
-    return GenerationRequest(prompt, params, draft_len, lookup, body.n or 1, echoed)
+    return GenerationRequest(prompt, params, draft_len, lookup, body.n or 1, echoed, tools)
 
 
 def requested_logprobs(body: ChatCompletionRequest | CompletionRequest) -> int | None:

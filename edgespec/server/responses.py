@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from edgespec.events import Stats, TokenLogprob
-from edgespec.server.prepare import GenerationRequest
+from edgespec.server.prepare import GenerationRequest, ToolUse
 from edgespec.server.worker import Outcome
+from edgespec.tools import ToolCall, parse_calls
 
 # The engine's reasons, in OpenAI's words ("cancelled" only reaches a client that is gone).
 FINISH_REASONS = {"stop": "stop", "eos": "stop", "length": "length", "cancelled": "stop"}
@@ -73,6 +74,8 @@ def speculation(outcome: Outcome, request: GenerationRequest, draft_model: str |
         "drafted": stats.drafted,
         "accepted": stats.accepted,
         "accepted_per_round": hist,  # [k] = rounds that accepted k drafted tokens
+        "forced": stats.forced,  # accepted tokens a constraint forced (drafted without a drafter)
+        "constraint_rereads": stats.rereads,  # constrained rows read again whole (too few allowed candidates)
     }
     if not report["active"]:
         report["reason"] = _why_inactive(request, draft_model)
@@ -117,6 +120,7 @@ class ResponseShape:
         logprobs: bool = False,
         echo: str | None = None,
         prompt: Sequence[int] = (),
+        tools: ToolUse | None = None,
     ) -> dict:
         """The whole response of a non-streamed request (``logprobs``: the request asked for them; ``echo``: the
         prompt's text, which a text completion then starts with, the log-probabilities of its ``prompt`` tokens
@@ -126,7 +130,12 @@ class ResponseShape:
             reason = FINISH_REASONS[finished.finish_reason]
             listed = self.logprobs(finished.logprobs) if logprobs else None
             if self.kind == "chat":
-                message = {"role": "assistant", "content": finished.text}
+                message: dict = {"role": "assistant", "content": finished.text}
+                parsed = parse_calls(tools.format, finished.text, tools.tools) if tools is not None else None
+                if parsed is not None:  # a reply that is not a well-formed call stays text
+                    message["content"], calls = parsed
+                    message["tool_calls"] = [call.as_openai() for call in calls]
+                    reason = "tool_calls" if reason == "stop" else reason
                 choices.append({"index": index, "message": message, "logprobs": listed, "finish_reason": reason})
                 continue
             text = finished.text
@@ -163,6 +172,12 @@ class ResponseShape:
             return {**self._head("chat.completion.chunk"), "choices": [choice]}
         choice = {"index": 0, "text": text or "", "logprobs": listed, "finish_reason": finish_reason}
         return {**self._head("text_completion"), "choices": [choice]}
+
+    def tool_calls_chunk(self, calls: Sequence[ToolCall]) -> dict:
+        """A streamed delta with the reply's tool calls, whole (each with its index, id, name and arguments)."""
+        delta = {"tool_calls": [call.as_openai(index) for index, call in enumerate(calls)]}
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+        return {**self._head("chat.completion.chunk"), "choices": [choice]}
 
     def echoed_logprobs(
         self, prompt: Sequence[int], scored: Sequence[TokenLogprob | None], listed: dict

@@ -31,6 +31,9 @@ class ChatMessage(_Strict):
     role: str
     # A string, a list of parts (only text parts are supported), or null (an assistant turn that only called tools).
     content: str | list[TextPart | dict[str, Any]] | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's calls, as a response gave them
+    tool_call_id: str | None = None  # a tool message: the call it answers
+    name: str | None = None
 
 
 class _Sampling(_Strict):
@@ -55,10 +58,9 @@ class _Sampling(_Strict):
     repeat_penalty: float | None = None
     repeat_last_n: int | None = None
     logit_bias: dict[str, float] | None = None
-    # defined by OpenAI, not supported: refused by name when asked for (see prepare.refuse_unsupported)
-    n: int | None = None
+    n: int | None = None  # choices (not streamed)
     logprobs: Any = None
-    response_format: Any = None
+    response_format: Any = None  # text, json_object, json_schema
     # defined by OpenAI, no effect on the output: accepted and ignored (README lists them)
     user: str | None = None
 
