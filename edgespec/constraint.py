@@ -149,9 +149,18 @@ _tokenizers_lock = threading.Lock()
 
 def tokenizer_for(model: Any) -> Any:
     """llguidance's tokenizer for ``model`` (or a sequence of it): built once per model (~1 s for 152k tokens)."""
+    return _vocabulary(model)[0]
+
+
+def end_tokens(model: Any) -> list[int]:
+    """The model's end-of-generation tokens."""
+    return _vocabulary(model)[1]
+
+
+def _vocabulary(model: Any) -> tuple[Any, list[int]]:
     base = getattr(model, "model", model)  # a Slot's model
     with _tokenizers_lock:
-        known = getattr(base, "_constraint_tokenizer", None)
+        known = getattr(base, "_constraint_vocabulary", None)
         if known is not None:
             return known
         llg = _llguidance()
@@ -165,8 +174,8 @@ def tokenizer_for(model: Any) -> Any:
                 tokenizer = lltokenizer_from_vocab(base._vocab, n_vocab=n_vocab, eos_token=eog or None)
         else:  # anything else with token pieces and a tokenizer (the tests' fakes)
             tokenizer = llg.LLTokenizer(llg.TokenizerWrapper(_Pieces(base, eog)), n_vocab=n_vocab)
-        base._constraint_tokenizer = tokenizer
-        return tokenizer
+        base._constraint_vocabulary = (tokenizer, eog)
+        return tokenizer, eog
 
 
 class _Pieces:
@@ -248,6 +257,8 @@ class Constraint:
                 f"the {grammar.describe()} cannot be used with this model: {_first_line(self._matcher.get_error())}"
             )
         self._is_end = is_end
+        self._model = model
+        self._end_mask: Mask | None = None
         self._fork: list[int] = []  # draft tokens the matcher has consumed beyond the committed text
         self._masks: list[Mask] = []  # _masks[i]: the mask after the committed text + _fork[:i]
         self.n_masks = 0  # masks computed (a cost the stats can show)
@@ -261,6 +272,11 @@ class Constraint:
             j = len(self._masks)
             if j > len(self._fork):
                 token = draft[j - 1]
+                if self._is_end(token) and self._masks[j - 1].allows(token):
+                    # Nothing follows the end of generation: a row after it (the bonus row of a draft that ends
+                    # there) allows only an end, and the fork never takes the end token in (llguidance's rollback
+                    # does not count it).
+                    return self._ends()
                 if not self._masks[j - 1].allows(token) or not self._matcher.consume_token(token):
                     raise ValueError(f"draft token {token} is not allowed at draft position {j}")
                 self._fork.append(token)
@@ -271,13 +287,22 @@ class Constraint:
             self.n_masks += 1
         return self._masks[i]
 
+    def _ends(self) -> Mask:
+        if self._end_mask is None:
+            bits = np.zeros(self._model.n_vocab, dtype=bool)
+            bits[end_tokens(self._model)] = True
+            self._end_mask = Mask(np.packbits(bits, bitorder="little").tobytes())
+        return self._end_mask
+
     def valid_prefix(self, tokens: Sequence[int]) -> int:
         """How many of ``tokens``, proposed after the committed text, the constraint allows in a row."""
         if not tokens:
             return 0
         self._follow(tokens, len(tokens))  # keep the fork where the tokens agree with it: its masks stay valid
         keep = len(self._fork)
-        return keep + self._matcher.validate_tokens(list(tokens[keep:]))
+        n = keep + self._matcher.validate_tokens(list(tokens[keep:]))
+        end = next((i for i, t in enumerate(tokens[:n]) if self._is_end(t)), None)
+        return n if end is None else end + 1  # nothing after an end is drafted
 
     def forced(self, limit: int) -> list[int]:
         """Tokens the constraint forces after the committed text, one allowed token a position (at most ``limit``;
@@ -298,8 +323,8 @@ class Constraint:
         if tokens:
             self._masks.clear()  # computed for the state before them
         for token in tokens:
-            if self._matcher.is_stopped() and self._is_end(token):
-                break  # the grammar is complete: the end of generation is all that follows
+            if self._is_end(token):
+                break  # the output ends here (the mask allowed it: the grammar is complete)
             if not self._matcher.consume_token(token):
                 raise ModelError(f"constraint: committed token {token} was not allowed ({self._matcher.get_error()})")
 

@@ -98,6 +98,25 @@ def test_masks_fork_along_the_draft_and_only_committed_tokens_advance_the_state(
     assert c.complete and allowed(c.mask([], 0)) == pairs_allowed([2, 5, 4, 5])
 
 
+def test_a_draft_that_ends_the_output_leaves_the_fork_and_the_state_intact() -> None:
+    """An end of generation in a draft: the row after it allows only an end, and the fork never takes it in (the
+    constraint engine's rollback does not count it: rolling it back once cost the state a committed token)."""
+    model = FakeModel(n_vocab=V)
+    c = Constraint(PAIRS, model, model.is_eog)
+    c.commit([2, 5])
+    draft = [3, 5, EOS, EOS]
+    assert allowed(c.mask(draft, 2)) == pairs_allowed([2, 5, 3, 5])
+    assert allowed(c.mask(draft, 3)) == {EOS} and allowed(c.mask(draft, 4)) == {EOS}
+    assert c.valid_prefix(draft) == 3  # nothing after the end is drafted
+    c.commit([3, 5, EOS])
+    assert c.complete
+    c2 = Constraint(PAIRS, model, model.is_eog)
+    c2.commit([2, 5])
+    c2.mask(draft, 4)
+    c2.commit([3])  # a rejection at d_2: the state is the committed text's, whatever the draft held
+    assert allowed(c2.mask([], 0)) == pairs_allowed([2, 5, 3])
+
+
 def test_a_committed_token_the_constraint_forbids_is_an_error_not_a_silent_drift() -> None:
     model = FakeModel(n_vocab=V)
     c = Constraint(PAIRS, model, model.is_eog)

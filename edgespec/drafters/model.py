@@ -139,7 +139,10 @@ class ModelDrafter:
             drafting.qs.append(q)
         drafting.tokens.append(d)
         drafting.feed = [d]
-        drafting.done = len(drafting.tokens) == drafting.max_len
+        # A constrained draft ends at an end of generation (its constraint has nothing after it).
+        drafting.done = len(drafting.tokens) == drafting.max_len or (
+            drafting.constraint is not None and self.model.is_eog(d)
+        )
 
     def _reread(self, token: int) -> np.ndarray:
         """The whole logits row after the KV's last token (``token``), decoded again."""
