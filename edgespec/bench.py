@@ -26,6 +26,7 @@ Speedups are ratios of rates measured side by side in one run; nothing here asse
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import sys
@@ -36,6 +37,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edgespec.constraint import Grammar
 from edgespec.errors import EdgespecError
 from edgespec.sampling import ARGMAX, Readout
 
@@ -62,6 +64,12 @@ _DRAFT_N = re.compile(r"draft-(\d+)")
 class Prompt:
     id: str
     messages: tuple[dict, ...]  # chat messages (role, content), rendered with the target's own template
+    json_schema: str | None = None  # the reply must be a JSON document valid under this schema (JSON text)
+    tools: str | None = None  # the reply must call one of these tools (OpenAI's tools list, JSON text)
+
+    @property
+    def constrained(self) -> bool:
+        return self.json_schema is not None or self.tools is not None
 
 
 @dataclass(frozen=True)
@@ -75,11 +83,16 @@ def _parse_task(text: str, source: str) -> Task:
     try:
         raw = tomllib.loads(text)
         prompts = tuple(
-            Prompt(str(p["id"]), tuple({"role": m["role"], "content": m["content"]} for m in p["messages"]))
+            Prompt(
+                str(p["id"]),
+                tuple({"role": m["role"], "content": m["content"]} for m in p["messages"]),
+                _json_text(p.get("json_schema")),
+                _json_text(p.get("tools")),
+            )
             for p in raw["prompts"]
         )
         task = Task(str(raw["name"]), str(raw.get("description", "")), prompts)
-    except (tomllib.TOMLDecodeError, KeyError, TypeError) as exc:
+    except (tomllib.TOMLDecodeError, KeyError, TypeError, json.JSONDecodeError) as exc:
         raise EdgespecError(f"{source}: not a workload file ({exc})") from exc
     if not task.prompts:
         raise EdgespecError(f"{source}: the task {task.name!r} has no prompts")
@@ -114,12 +127,36 @@ def load_tasks(
     return tasks
 
 
-def render_prompt(model: Model, messages: Sequence[dict]) -> list[int]:
+def _json_text(value: Any) -> str | None:
+    """A workload's JSON field (a TOML string of JSON), checked."""
+    if value is None:
+        return None
+    json.loads(value)
+    return str(value)
+
+
+def render_prompt(model: Model, messages: Sequence[dict], tools: Sequence[dict] | None = None) -> list[int]:
     """Tokens of ``messages`` in the model's chat format, as ``Runtime.chat`` would send them."""
     from edgespec.api import Runtime
     from edgespec.engine import Engine
 
-    return Runtime(Engine(model, None, draft_len=0, lookup=False)).render_chat(messages)
+    return Runtime(Engine(model, None, draft_len=0, lookup=False)).render_chat(messages, tools)
+
+
+def prompt_job(model: Model, prompt: Prompt) -> tuple[list[int], Grammar | None]:
+    """A workload prompt's tokens (its tools in the chat template), and the constraint its reply is held to: its JSON
+    schema, or a call of one of its tools (as a server's ``tool_choice: required`` makes it)."""
+    from edgespec.tools import call_grammar, markers_are_tokens, parse_tools, template_format
+
+    if prompt.tools is None:
+        grammar = Grammar.json_schema(prompt.json_schema) if prompt.json_schema is not None else None
+        return render_prompt(model, prompt.messages), grammar
+    tools = parse_tools(json.loads(prompt.tools))
+    fmt = template_format(model.chat_template)
+    if fmt is None:
+        raise EdgespecError(f"{prompt.id}: {model.name}'s chat template takes no tools")
+    tokens = render_prompt(model, prompt.messages, [t.as_template_dict() for t in tools])
+    return tokens, call_grammar(fmt, tools, special_markers=markers_are_tokens(model), several=False)
 
 
 # ----- one measured generation ------------------------------------------------------------------------------
@@ -143,6 +180,8 @@ class RunRecord:
     token_times: list[float] = field(default_factory=list)  # seconds per token, one entry per decode token
     ceiling: float | None = None  # plain only: the lookup ceiling's speedup on this output (see lookup_ceiling)
     sampling_path: str | None = None  # where the target's rows were sampled (engine runs)
+    forced: int = 0  # committed tokens a constraint forced (free drafts)
+    t_constraint: float = 0.0  # seconds in the constraint engine (masks, its state): part of t_outside
 
 
 def _spread(times: list[float], dt: float, n: int) -> None:
@@ -180,6 +219,8 @@ def measure_engine(engine: Engine, prompt: Sequence[int], params: SamplingParams
         token_times=times,
         tokens=list(done.tokens),
         sampling_path=s.sampling_path,
+        forced=s.forced,
+        t_constraint=s.t_constraint,
     )
 
 
@@ -361,7 +402,8 @@ def run_bench(
     from edgespec.engine import DEFAULT_MAX_GAMMA
 
     strategies = parse_strategies(strategies, has_draft=draft is not None)
-    prompts = {(t.name, p.id): render_prompt(target, p.messages) for t in tasks for p in t.prompts}
+    jobs = {(t.name, p.id): prompt_job(target, p) for t in tasks for p in t.prompts}
+    prompts = {key: tokens for key, (tokens, _) in jobs.items()}
     longest = max((len(p) for p in prompts.values()), default=0)
     engines = {s: _engine_for(s, target, draft, lookup_len, p_min) for s in strategies if s not in PEER_STRATEGIES}
     peers: dict[str, Peer] = {}
@@ -397,8 +439,11 @@ def run_bench(
                 i += 1
                 for name in order:
                     runner = engines[name] if name in engines else peers[name]
-                    tokens = prompts[(task.name, prompt.id)]
-                    result = _measure(runner, tokens, params)
+                    tokens, grammar = jobs[(task.name, prompt.id)]
+                    if grammar is not None and name in peers:  # llama-cpp-python's loop takes no llguidance grammar
+                        total -= 1
+                        continue
+                    result = _measure(runner, tokens, replace(params, constraint=grammar))
                     output = result.pop("tokens", None)
                     if name == PLAIN and cost_curve is not None and output:
                         seconds = lookup_ceiling(tokens, output, cost_curve.__getitem__, DEFAULT_MAX_GAMMA)
@@ -471,6 +516,8 @@ class Summary:
     outside_ms: float | None  # Σ t_outside / Σ generated: the loop's own (Python) ms per token; None for peers
     same_as_plain: int | None  # greedy only: prompts whose output text equals plain's
     ceiling: float | None = None  # plain only: pooled speedup of the best possible lookup schedule (greedy)
+    forced_share: float = 0.0  # of the committed tokens, those a constraint forced (proposed without a drafter)
+    constraint_ms: float = 0.0  # the constraint engine's ms per committed token (part of outside_ms)
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -513,6 +560,8 @@ def _summary(runs: list[RunRecord], plain_rate: float | None, plain_text: dict[s
             if runs and all(r.ceiling for r in runs)
             else None
         ),
+        forced_share=sum(r.forced for r in runs) / max(sum(r.generated for r in runs), 1),
+        constraint_ms=1e3 * sum(r.t_constraint for r in runs) / max(sum(r.generated for r in runs), 1),
     )
 
 
@@ -576,6 +625,7 @@ def render_report(result: BenchResult) -> str:
     if greedy:
         headers.append("=plain")
     for task, row in summaries.items():
+        forced = any(v.forced_share or v.constraint_ms for v in row.values())
         lines = []
         for s, v in row.items():
             cells = [
@@ -590,11 +640,13 @@ def render_report(result: BenchResult) -> str:
             ]
             if greedy:
                 cells.append(f"{v.same_as_plain}/{v.runs}")
+            if forced:
+                cells += [_fmt(v.forced_share, ".0%"), _fmt(v.constraint_ms, ".3f")]
             lines.append(cells)
         ceiling = row[PLAIN].ceiling if PLAIN in row else None
         parts.append(
             f"{task}: {row[next(iter(row))].runs} prompt(s), up to {cfg['max_tokens']} tokens\n"
-            + format_table(headers, lines)
+            + format_table([*headers, "forced", "mask ms/tok"] if forced else headers, lines)
             + (f"\nlookup ceiling {ceiling:.2f}x" if ceiling else "")
         )
     overall = overall_speedup(summaries)
@@ -623,6 +675,13 @@ def render_report(result: BenchResult) -> str:
         f"sampling: {', '.join(paths) if (paths := sampling_paths(result.records)) else '-'}; outside ms/tok: the "
         "decode time per committed token spent outside llama.cpp's forward passes (the Python loop)",
     ]
+    if any(v.forced_share or v.constraint_ms for row in summaries.values() for v in row.values()):
+        notes.append(
+            "forced: the share of committed tokens the output's constraint forced (single allowed tokens, proposed "
+            "without a drafter and accepted surely); mask ms/tok: of outside ms/tok, the constraint engine's "
+            "(llguidance's masks and state); constrained prompts: every strategy decodes under the same constraint, "
+            "and llama-cpp-python's loops are not run on them"
+        )
     if greedy:
         notes.append(
             "=plain: prompts whose output equals plain decoding's (greedy; a near-tie can flip under a batched verify)"

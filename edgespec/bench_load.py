@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from edgespec.bench import PLAIN, Task, format_table, parse_strategies, percentile, render_prompt
+from edgespec.bench import PLAIN, Task, format_table, parse_strategies, percentile, prompt_job
 from edgespec.errors import EdgespecError
 
 if TYPE_CHECKING:
@@ -112,8 +112,12 @@ def engine_runner(engine: Engine) -> Runner:
     return run
 
 
-def closed_loop(runner: Runner, prompts: Sequence[list[int]], clients: int, params: SamplingParams) -> LoadRecord:
-    """``clients`` threads take the prompts in order, one request at a time each, until none is left."""
+Job = tuple[list[int], Any]  # a prompt's tokens and the constraint its reply is held to (a Grammar, or None)
+
+
+def closed_loop(runner: Runner, prompts: Sequence[Job], clients: int, params: SamplingParams) -> LoadRecord:
+    """``clients`` threads take the prompts in order, one request at a time each, until none is left (each with its
+    own constraint, if it has one)."""
     queue = list(reversed(prompts))
     lock = threading.Lock()
     record = LoadRecord(0, "", "", 0.0)
@@ -125,11 +129,11 @@ def closed_loop(runner: Runner, prompts: Sequence[list[int]], clients: int, para
             with lock:
                 if not queue or errors:
                     return
-                prompt = queue.pop()
+                prompt, grammar = queue.pop()
                 request = Request(time.perf_counter() - t0)
                 record.requests.append(request)
             try:
-                runner(prompt, params, request, t0)
+                runner(prompt, params if grammar is None else _replace(params, constraint=grammar), request, t0)
             except BaseException as error:  # noqa: BLE001  # re-raised on the calling thread
                 errors.append(error)
                 return
@@ -164,8 +168,10 @@ def run_load_bench(
     from edgespec.bench import WARMUP_TOKENS, _engine_for
 
     names = [s for s in parse_strategies(strategies, has_draft=draft is not None) if not s.startswith("llama-cpp")]
-    prompts = {t.name: [render_prompt(target, p.messages) for p in t.prompts] for t in tasks}
+    prompts = {t.name: [prompt_job(target, p) for p in t.prompts] for t in tasks}
     notes: list[str] = []
+    # llama-server takes a JSON schema (its json_schema field), not llguidance's grammars (a tool call's)
+    peerless = {t.name for t in tasks if any(p.tools is not None for p in t.prompts)}
     binary = shutil.which(LLAMA_SERVER) if peers else None
     if peers and binary is None:
         notes.append(f"{LLAMA_SERVER} is not on PATH: its peer rows are skipped")
@@ -199,6 +205,11 @@ def run_load_bench(
                 jobs = (jobs * -(-level // len(jobs)))[: max(level, len(jobs))]
                 order = list(runners)[i % len(runners) :] + list(runners)[: i % len(runners)]
                 for name in order:
+                    if task.name in peerless and name in (PEER_PLAIN, PEER_DRAFT):
+                        note = f"{task.name}: {LLAMA_SERVER} is not run (its tool-call prompts need a grammar)"
+                        if note not in notes:
+                            notes.append(note)
+                        continue
                     _clear(target, draft)
                     record = closed_loop(runners[name], jobs, level, params)
                     record.level, record.task, record.strategy = level, task.name, name
@@ -319,6 +330,8 @@ class LlamaServer:
                 "top_k": params.top_k, "top_p": params.top_p, "min_p": params.min_p, "seed": params.seed or 0,
                 "stream": True, "cache_prompt": False,
             }  # fmt: skip
+            if params.constraint is not None:  # its own constrained decoding, from the same schema
+                body["json_schema"] = json.loads(params.constraint.text)
             with httpx.stream("POST", self.url + "/completion", json=body, timeout=REQUEST_SECONDS) as response:
                 response.raise_for_status()
                 for line in response.iter_lines():

@@ -26,6 +26,7 @@ import threading
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from time import perf_counter
 from typing import Any, Literal
 
 import numpy as np
@@ -263,10 +264,20 @@ class Constraint:
         self._masks: list[Mask] = []  # _masks[i]: the mask after the committed text + _fork[:i]
         self.n_masks = 0  # masks computed (a cost the stats can show)
         self.rereads = 0  # rows whose candidates held too few allowed tokens, read again whole
+        self.seconds = 0.0  # spent in the constraint engine: masks, consuming and rolling back tokens
 
     def mask(self, draft: Sequence[int], i: int) -> Mask:
         """The mask of the position after the committed text plus ``draft[:i]``; those tokens must each be allowed
         where they stand (a verify reads row i only after accepting ``d_1..d_i-1``, which p allowed)."""
+        if len(self._masks) > i and self._fork[:i] == list(draft[:i]):
+            return self._masks[i]  # known (the draft's q and the verify's p ask for the same rows)
+        t0 = perf_counter()
+        try:
+            return self._mask(draft, i)
+        finally:
+            self.seconds += perf_counter() - t0
+
+    def _mask(self, draft: Sequence[int], i: int) -> Mask:
         self._follow(draft, i)
         while len(self._masks) <= i:
             j = len(self._masks)
@@ -298,10 +309,12 @@ class Constraint:
         """How many of ``tokens``, proposed after the committed text, the constraint allows in a row."""
         if not tokens:
             return 0
+        t0 = perf_counter()
         self._follow(tokens, len(tokens))  # keep the fork where the tokens agree with it: its masks stay valid
         keep = len(self._fork)
         n = keep + self._matcher.validate_tokens(list(tokens[keep:]))
         end = next((i for i, t in enumerate(tokens[:n]) if self._is_end(t)), None)
+        self.seconds += perf_counter() - t0
         return n if end is None else end + 1  # nothing after an end is drafted
 
     def forced(self, limit: int) -> list[int]:
@@ -319,6 +332,7 @@ class Constraint:
 
     def commit(self, tokens: Sequence[int]) -> None:
         """The round committed ``tokens``: the real state advances by them (each was allowed where it stands)."""
+        t0 = perf_counter()
         self._follow((), 0)
         if tokens:
             self._masks.clear()  # computed for the state before them
@@ -327,6 +341,7 @@ class Constraint:
                 break  # the output ends here (the mask allowed it: the grammar is complete)
             if not self._matcher.consume_token(token):
                 raise ModelError(f"constraint: committed token {token} was not allowed ({self._matcher.get_error()})")
+        self.seconds += perf_counter() - t0
 
     @property
     def complete(self) -> bool:

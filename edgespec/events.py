@@ -45,6 +45,7 @@ class Stats:
     sampling_path: str = ""  # where the target's rows were sampled: in llama.cpp's graph, or numpy on whole rows
     forced: int = 0  # of the accepted drafts, those the output's constraint forced (proposed without a drafter)
     rereads: int = 0  # constrained rows whose candidates held too few allowed tokens, read again whole
+    t_constraint: float = 0.0  # of the time outside llama.cpp, the constraint engine's (masks, its state)
 
     @property
     def acceptance_rate(self) -> float:
@@ -108,6 +109,7 @@ class Stats:
             "sampling_path": self.sampling_path,
             "forced": self.forced,
             "rereads": self.rereads,
+            "t_constraint": round(self.t_constraint, 4),
         }
 
 

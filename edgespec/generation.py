@@ -255,6 +255,7 @@ class Generation:
                 break
         if constraint is not None:
             constraint.commit(new)
+            self.tally.t_constraint = constraint.seconds
         t3 = self.clock()
         # 4. Roll back both models to the committed prefix.
         ctx.extend(new)
@@ -391,6 +392,7 @@ class _Tally:
         self.rounds = self.drafted = self.accepted = 0
         self.forced = 0  # accepted tokens the constraint forced
         self.rereads = 0  # constrained verify rows read again whole
+        self.t_constraint = 0.0
         self.t_draft = self.t_verify = self.t_sample = 0.0
         self.hist = [0] * (max_gamma + 1)  # hist[k]: rounds that accepted k drafts
 
@@ -434,6 +436,7 @@ class _Tally:
             sampling_path=self.sampling_path,
             forced=self.forced,
             rereads=self.rereads,
+            t_constraint=self.t_constraint,
         )
 
 

@@ -117,6 +117,13 @@ def call_grammar(fmt: ToolFormat, tools: Sequence[Tool], *, special_markers: boo
     return Grammar.lark(f'start: call{more}\ncall: {open_tag} "\\n" {json_rule} "\\n" {close_tag}\n')
 
 
+def markers_are_tokens(model: Any) -> bool:
+    """Whether ``<tool_call>`` and ``</tool_call>`` are single (special) tokens of ``model``'s vocabulary, as in
+    Qwen's: a call grammar then names them as tokens."""
+    tags = ("<tool_call>", "</tool_call>")
+    return all(len(model.tokenize(tag, add_special=False, parse_special=True)) == 1 for tag in tags)
+
+
 _HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 _FENCED = re.compile(r"```[A-Za-z]*\s*\n(.*?)\n?\s*```", re.DOTALL)
 

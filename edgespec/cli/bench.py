@@ -36,7 +36,8 @@ def _split(value: str | None) -> list[str]:
 @model_options
 @click.option(
     "--tasks",
-    help="Comma-separated task classes (default: all): code-edit, code-gen, creative, math, summarize, translate.",
+    help="Comma-separated task classes (default: all): code-edit, code-gen, creative, math, structured, summarize, "
+    "translate (structured: replies held to a JSON schema or a tool call).",
 )
 @click.option("--max-tokens", "-n", default=128, show_default=True, help="Tokens per prompt at most.")
 @click.option(

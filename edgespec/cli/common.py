@@ -367,5 +367,6 @@ def describe_stats(s: Stats) -> str:
         f"verify {s.t_verify:.2f}s, sampling {s.t_sample:.3f}s, other {s.t_other:.3f}s | "
         f"outside llama.cpp {s.outside_ms_per_token:.3f} ms/token ({s.python_overhead:.1%}); "
         f"sampling: {s.sampling_path}"
+        + (f" | constraint {1e3 * s.t_constraint / max(s.generated, 1):.3f} ms/token" if s.t_constraint else "")
         + (f" ({s.rereads} constrained rows read again whole)" if s.rereads else "")
     )

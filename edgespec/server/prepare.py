@@ -20,7 +20,15 @@ from edgespec.models.chat_template import ROLES
 from edgespec.sampling import SamplingParams
 from edgespec.server.errors import ApiError, bad_request
 from edgespec.server.schemas import ChatCompletionRequest, CompletionRequest, TextPart
-from edgespec.tools import Tool, ToolFormat, call_grammar, parse_tools, template_format, template_tool_calls
+from edgespec.tools import (
+    Tool,
+    ToolFormat,
+    call_grammar,
+    markers_are_tokens,
+    parse_tools,
+    template_format,
+    template_tool_calls,
+)
 
 if TYPE_CHECKING:
     from edgespec.api import Runtime
@@ -177,9 +185,7 @@ def tool_constraint(use: ToolUse, runtime: Runtime) -> Grammar | None:
     if use.choice == "auto":
         return None
     chosen = use.tools if use.choice == "required" else tuple(t for t in use.tools if t.name == use.choice)
-    model = runtime.engine.target
-    markers = [model.tokenize(tag, add_special=False, parse_special=True) for tag in ("<tool_call>", "</tool_call>")]
-    special = all(len(ids) == 1 for ids in markers)  # one token each: the vocabulary's own (special) tokens
+    special = markers_are_tokens(runtime.engine.target)
     try:
         grammar = call_grammar(use.format, chosen, special_markers=special, several=use.several)
         grammar.compiled()
