@@ -152,10 +152,20 @@ def prompt_job(model: Model, prompt: Prompt) -> tuple[list[int], Grammar | None]
         grammar = Grammar.json_schema(prompt.json_schema) if prompt.json_schema is not None else None
         return render_prompt(model, prompt.messages), grammar
     tools = parse_tools(json.loads(prompt.tools))
+    listed = [t.as_template_dict() for t in tools]
     fmt = template_format(model.chat_template)
     if fmt is None:
-        raise EdgespecError(f"{prompt.id}: {model.name}'s chat template takes no tools")
-    tokens = render_prompt(model, prompt.messages, [t.as_template_dict() for t in tools])
+        # A template that takes no tools (a server refuses them there): the bench lists them in a system message
+        # and holds the reply to the Hermes call format, so every model runs the class.
+        fmt = "hermes"
+        system = (
+            "You may call these functions:\n<tools>\n" + "\n".join(json.dumps(t) for t in listed) + "\n</tools>\n"
+            'Reply with one call: <tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n'
+            "</tool_call>"
+        )
+        tokens = render_prompt(model, ({"role": "system", "content": system}, *prompt.messages))
+    else:
+        tokens = render_prompt(model, prompt.messages, listed)
     return tokens, call_grammar(fmt, tools, special_markers=markers_are_tokens(model), several=False)
 
 

@@ -9,6 +9,7 @@ import json
 import math
 from pathlib import Path
 
+import jsonschema
 import pytest
 from click.testing import CliRunner
 
@@ -28,7 +29,7 @@ from edgespec.cli import main
 from edgespec.errors import EdgespecError
 from edgespec.sampling import SamplingParams
 
-SUITE = {"code-edit", "code-gen", "creative", "math", "summarize", "translate"}
+SUITE = {"code-edit", "code-gen", "creative", "math", "structured", "summarize", "translate"}
 ALL = ["plain", "draft-2", "draft-3", "draft-4", "lookup", "auto", *PEER_STRATEGIES]
 
 
@@ -189,6 +190,44 @@ def test_run_bench_on_the_tiny_model_with_every_strategy(tiny_model_path: Path) 
     report = result.to_json()
     assert report["config"]["strategies"] == ALL and len(report["runs"]) == len(ALL)
     json.dumps(report)  # serialisable as the --json output
+
+
+def test_structured_prompts_carry_a_schema_or_tools() -> None:
+    (task,) = load_tasks(["structured"])
+    schemas = [p for p in task.prompts if p.json_schema is not None]
+    tools = [p for p in task.prompts if p.tools is not None]
+    assert len(schemas) >= 2 and len(tools) >= 1 and all(p.constrained for p in task.prompts)
+    for p in schemas:
+        assert json.loads(p.json_schema)["type"] == "object"
+
+
+@pytest.mark.real
+def test_structured_runs_every_strategy_under_its_constraint_and_skips_the_peers(tiny_model_path: Path) -> None:
+    """SmolLM2's template takes no tools: the tool prompt lists them in a system message; each reply fits its
+    constraint (a schema's document, a tool call), and the report has the forced share and the mask's cost."""
+    from edgespec.bench import prompt_job, render_report
+    from edgespec.models.backend import Model
+    from edgespec.tools import parse_calls, parse_tools
+
+    tasks = load_tasks(["structured"])
+    params = SamplingParams(temperature=0, max_tokens=400)
+    strategies = ["plain", "lookup", "llama-cpp"]
+    with Model(tiny_model_path, n_ctx=2048) as target:
+        jobs = {p.id: prompt_job(target, p) for p in tasks[0].prompts}
+        result = run_bench(target, None, tasks, strategies, params, ceiling=False)
+    assert {r.strategy for r in result.records} == {"plain", "lookup"}  # llama-cpp-python's loop takes no grammar
+    for r in result.records:
+        prompt = next(p for p in tasks[0].prompts if p.id == r.prompt)
+        assert jobs[r.prompt][1] is not None and r.t_constraint > 0
+        if r.finish_reason != "eos":
+            continue  # cut at max_tokens: a prefix of a valid reply
+        if prompt.json_schema is not None:
+            jsonschema.validate(json.loads(r.text), json.loads(prompt.json_schema))
+        else:
+            assert parse_calls("hermes", r.text, parse_tools(json.loads(prompt.tools))) is not None, r.text
+    assert sum(r.forced for r in result.records if r.strategy == "lookup") > 0
+    report = render_report(result)
+    assert "forced" in report and "mask ms/tok" in report
 
 
 @pytest.mark.real
