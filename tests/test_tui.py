@@ -331,3 +331,14 @@ def test_loading_shows_progress_and_load_errors(tiny_model_path, store):
 
     asyncio.run(loads())
     asyncio.run(fails())
+
+
+def test_the_meter_counts_the_tokens_a_constraint_forced() -> None:
+    from edgespec.events import Stats
+    from tui.widgets import Meter
+
+    meter = Meter()
+    meter.stats = Stats(generated=40, rounds=12, drafted=30, accepted=24, forced=15, drafter="forced", draft_len=3)
+    assert meter.values()["forced"] == "15 of 40 tokens" and meter.values()["draft"] == "γ 3 · forced"
+    meter.stats = Stats(generated=40, rounds=12, drafted=30, accepted=24)
+    assert "forced" not in meter.values()  # an unconstrained reply: no row

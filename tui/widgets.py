@@ -294,7 +294,7 @@ class Meter(Vertical):
                 "plain": "–",
             }
         gain = speedup(s)
-        return {
+        shown = {
             "reply": _pct(s.acceptance_rate) if s.drafted else "–",
             "session": self._session(),
             "tokens/verify": f"{s.tokens_per_verify:.2f}",
@@ -303,6 +303,9 @@ class Meter(Vertical):
             "speedup": f"{gain:.2f}×" if gain is not None else "–",
             "plain": f"{s.plain_tokens_per_second:.1f} tok/s" if gain is not None else "–",
         }
+        if s.forced:  # a constrained reply: tokens its constraint forced, drafted for free
+            shown["forced"] = f"{s.forced} of {s.generated} tokens"
+        return shown
 
     def _session(self) -> str:
         return _pct(self.session_rate) if self.session_rate is not None else "–"

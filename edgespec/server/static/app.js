@@ -261,6 +261,7 @@ function finishView(m) {
   if (t.predicted_n !== undefined) parts.push(`${t.predicted_n} tokens · ${fmt(t.predicted_per_second, 1)} tok/s`);
   if (s.drafted !== undefined) {
     parts.push(`acceptance ${pct(s.acceptance_rate)} (${s.accepted}/${s.drafted}) · ${fmt(s.tokens_per_verify, 2)} tokens/verify`);
+    if (s.forced) parts.push(`${s.forced} tokens forced by the output's constraint (drafted for free)`);
     if (!s.active && s.reason) parts.push(s.reason);
   }
   const sum = m.summary || {};
