@@ -144,13 +144,16 @@ class Runtime:
         params: SamplingParams | None = None,
         *,
         cancel: threading.Event | None = None,
+        tools: Sequence[dict] | None = None,
     ) -> Iterator[Event]:
-        """Stream the assistant's reply to ``messages`` (dicts with ``role`` and ``content``).
+        """Stream the assistant's reply to ``messages`` (dicts with ``role`` and ``content``). ``tools`` (OpenAI's
+        shape) go to the model's chat template; :func:`edgespec.tools.parse_calls` reads calls out of the reply and
+        :func:`edgespec.tools.call_grammar` makes a constraint that forces one.
 
         The whole conversation is rendered with the model's chat template each turn, but only the tokens after
         the longest prefix already in the KV caches are decoded: a new turn costs its new tokens, not the history.
         """
-        return self.stream(self.render_chat(messages), params, cancel=cancel)
+        return self.stream(self.render_chat(messages, tools), params, cancel=cancel)
 
     def render_chat(self, messages: Sequence[dict], tools: Sequence[dict] | None = None) -> list[int]:
         """``messages`` in the model's chat template, tokenized; ``tools`` (OpenAI's shape) go to the template."""

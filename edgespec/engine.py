@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from edgespec.constraint import Constraint
 from edgespec.drafters.base import Drafter
 from edgespec.drafters.controller import NO_LOAD, Controller, FixedController, Load, RoundController, VerifyCost
 from edgespec.drafters.costs import CostCache, Costs, setup_key, time_decodes
@@ -214,12 +215,22 @@ class Engine:
                 f"logit_bias names token {params.logit_bias[-1][0]}: the vocabulary has {self.target.n_vocab} tokens"
             )
         self._check_fits(len(prompt), params.max_tokens, settings.headroom(self.max_gamma))
-        return self._serve(list(prompt), params, cancel, settings)
+        # Compiled for this vocabulary here, before the request takes a lane: a grammar the model cannot use fails
+        # the call, and the first constrained request's tokenizer (~1 s to build) holds up no other request.
+        constraint = (
+            Constraint(params.constraint, self.target, self.target.is_eog) if params.constraint is not None else None
+        )
+        return self._serve(list(prompt), params, cancel, settings, constraint)
 
     def _serve(
-        self, prompt: list[int], params: SamplingParams, cancel: threading.Event | None, settings: _RequestSettings
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        cancel: threading.Event | None,
+        settings: _RequestSettings,
+        constraint: Constraint | None = None,
     ) -> Iterator[Event]:
-        generation = self._admit(prompt, params, cancel, settings)
+        generation = self._admit(prompt, params, cancel, settings, constraint)
         if generation is None:  # cancelled while it waited for a lane
             yield Finished(text="", tokens=(), finish_reason="cancelled", stats=Stats(prompt_tokens=len(prompt)))
             return
@@ -253,7 +264,12 @@ class Engine:
             self._cond.notify_all()
 
     def _admit(
-        self, prompt: list[int], params: SamplingParams, cancel: threading.Event | None, settings: _RequestSettings
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        cancel: threading.Event | None,
+        settings: _RequestSettings,
+        constraint: Constraint | None = None,
     ) -> Generation | None:
         """Wait for a free lane (first come, first served) and take the one whose KV shares the longest prefix
         with the prompt; the next step prefills it."""
@@ -278,13 +294,17 @@ class Engine:
                 self._cond.notify_all()
             lane = max(free, key=lambda ln: common_prefix(ln.target.kv_tokens, prompt))
             lane.busy = True
-            controller = self._controller(lane, settings)
-            lookup = lane.drafters.get("lookup") if settings.lookup else None
-            target = self.target
-            generation = Generation(
-                lane, prompt, params, controller, settings.headroom(self.max_gamma), lookup, cancel, target.is_eog,
-                target.token_text, target.piece,
-            )  # fmt: skip
+            try:
+                controller = self._controller(lane, settings)
+                lookup = lane.drafters.get("lookup") if settings.lookup else None
+                target = self.target
+                generation = Generation(
+                    lane, prompt, params, controller, settings.headroom(self.max_gamma), lookup, cancel,
+                    target.is_eog, target.token_text, target.piece, constraint,
+                )  # fmt: skip
+            except BaseException:
+                lane.busy = False  # the request never began: its lane is free again
+                raise
             self._active.append(generation)
         return generation
 

@@ -76,6 +76,7 @@ class Generation:
         is_eog,
         token_text,
         piece,
+        constraint: Constraint | None = None,
     ) -> None:
         self.lane = lane
         self.params = params
@@ -90,7 +91,9 @@ class Generation:
         self.n_prompt = len(prompt)
         self.rng: Uniforms = params.rng()
         # The output's constraint, if any: its state after the committed output, forked along each draft.
-        self.constraint = None if params.constraint is None else Constraint(params.constraint, lane.target, is_eog)
+        if constraint is None and params.constraint is not None:
+            constraint = Constraint(params.constraint, lane.target, is_eog)
+        self.constraint = constraint
         # What the verify reads back per row: the argmax or the top-k candidates, selected inside llama.cpp.
         self.readout: Readout = verify_readout(params, lane.target.n_vocab)
         self.events: deque[Event | BaseException] = deque()

@@ -41,8 +41,13 @@ def pairs_allowed(out: list[int]) -> set[int]:
         (lambda: Grammar.gbnf("root ::= missing"), "missing"),
         (lambda: Grammar.lark("start: ("), "lark"),
         (lambda: Grammar("yaml", "x"), "grammar kind"),
+        # features llguidance does not implement: refused by name, never a traceback
+        (lambda: Grammar.json_schema({"type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}}),
+         "Unimplemented keys"),
+        (lambda: Grammar.json_schema({"type": "string", "pattern": "(?<=a)b"}), "look-around"),
+        (lambda: Grammar.json_schema({"$ref": "https://example.com/schema.json"}), "example.com"),
     ],
-)
+)  # fmt: skip
 def test_a_grammar_that_cannot_compile_is_refused_naming_its_problem(grammar, problem: str) -> None:
     with pytest.raises(InvalidParameterError) as e:
         SamplingParams(constraint=grammar())
@@ -115,6 +120,15 @@ def test_a_draft_that_ends_the_output_leaves_the_fork_and_the_state_intact() -> 
     c2.mask(draft, 4)
     c2.commit([3])  # a rejection at d_2: the state is the committed text's, whatever the draft held
     assert allowed(c2.mask([], 0)) == pairs_allowed([2, 5, 3])
+
+
+def test_a_grammar_this_vocabulary_cannot_serve_fails_the_call_and_the_engine_goes_on() -> None:
+    model = FakeModel(n_vocab=V)
+    engine = Engine(model, None, draft_len=3, lookup=True)
+    params = SamplingParams(temperature=0, max_tokens=5, constraint=Grammar.lark('start: <tool_call> "b"'))
+    with pytest.raises(InvalidParameterError, match="special token"):
+        engine.stream(PROMPT, params)  # refused before it takes a lane
+    assert run(engine, SamplingParams(temperature=0, max_tokens=5)).finish_reason == "length"
 
 
 def test_a_committed_token_the_constraint_forbids_is_an_error_not_a_silent_drift() -> None:
