@@ -22,6 +22,7 @@ from edgespec.events import Chunk, Event, Finished
 from edgespec.models.backend import Model, auto_gpu_layers, gpu_offload_supported
 from edgespec.models.chat_template import render
 from edgespec.sampling import SamplingParams
+from edgespec.tools import template_tool_calls
 
 __all__ = ["Chunk", "Event", "Finished", "ModelInfo", "Runtime", "SamplingParams", "load"]
 
@@ -160,6 +161,10 @@ class Runtime:
         model = self.engine.target
         bos = model.token_text(model.vocab.bos) if model.vocab.bos >= 0 else ""
         eos = model.token_text(model.vocab.eos) if model.vocab.eos >= 0 else ""
+        # OpenAI-shaped history (an assistant's tool_calls, arguments as JSON text, content null) as templates take it
+        messages = template_tool_calls(
+            [{**m, "content": m.get("content") or ""} if isinstance(m, dict) else m for m in messages]
+        )
         text = render(messages, model.chat_template, bos_token=bos, eos_token=eos, tools=tools)
         # The template writes BOS itself when the model wants it; do not let the tokenizer add a second one.
         tokens = model.tokenize(text, add_special=not (bos and text.startswith(bos)))

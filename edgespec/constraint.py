@@ -111,13 +111,16 @@ def _compiled(grammar: Grammar) -> str:
         if grammar.kind in ("json_schema", "json_object"):
             schema: Any = {"type": "object"} if grammar.kind == "json_object" else json.loads(grammar.text)
             if isinstance(schema, dict):
-                schema = {**schema, "x-guidance": {**JSON_LAYOUT, **schema.get("x-guidance", {})}}
+                options = schema.get("x-guidance", {})
+                if not isinstance(options, dict):
+                    raise ValueError(f"x-guidance must be an object of llguidance's JSON options, got {options!r}")
+                schema = {**schema, "x-guidance": {**JSON_LAYOUT, **options}}
             text = llg.LLMatcher.grammar_from_json_schema(json.dumps(schema))
         elif grammar.kind == "regex":
             text = llg.LLMatcher.grammar_from_regex(grammar.text)
         else:
             text = llg.grammar_from("lark" if grammar.kind == "lark" else "gbnf", grammar.text)
-    except ValueError as e:
+    except (ValueError, TypeError) as e:
         raise InvalidParameterError(f"the {grammar.describe()} cannot be compiled: {e}") from None
     problem = llg.LLMatcher.validate_grammar(text)
     if problem:

@@ -115,6 +115,7 @@ class Generation:
         self.plan: Plan | None = None
         self.draft = Draft.empty()
         self.drafting: Drafting | None = None  # a draft model's draft the engine steps with the others'
+        self.n_forced = 0  # of this round's draft, the leading tokens its constraint forced
         self.t_draft = 0.0
 
     # ----- before the first round ----------------------------------------------------------------------------
@@ -196,9 +197,13 @@ class Generation:
                 lookup_draft = Draft(lookup_draft.tokens[: constraint.valid_prefix(lookup_draft.tokens)], None)
         plan = self.controller.plan(lookup_draft.tokens, load)
         forced = constraint.forced(max_len) if constraint is not None and max_len > 0 else []
+        self.n_forced = len(forced)
         if forced:  # free to propose and sure to be accepted: nothing drafts what the constraint already decides
-            plan = Plan(FORCED, len(forced), f"{len(forced)} forced by the {constraint.grammar.describe()}",
-                        expected=len(forced) + 1.0)  # fmt: skip
+            found = lookup_draft.tokens
+            if len(found) > len(forced) and found[: len(forced)] == forced:
+                forced = found  # lookup's proposal goes on past them (into a value it copies): verified as well
+            plan = Plan(FORCED, len(forced), f"{self.n_forced} forced by the {constraint.grammar.describe()}",
+                        expected=self.n_forced + 1.0)  # fmt: skip
         gamma = min(plan.gamma, max_len)
         self.drafting = None
         if plan.drafter is None or gamma <= 0:
@@ -285,7 +290,7 @@ class Generation:
         n_out = len(ctx) - self.n_prompt  # committed after the prompt, an end-of-generation token included
         self.tally.add_round(gamma, k, self.t_draft, t_verify, t3 - t2)
         if plan.drafter == FORCED:
-            self.tally.forced += k
+            self.tally.forced += min(k, self.n_forced)
         t_llama = sum(m.busy_seconds for m in self._models) - self._busy_at_start
         self.stats = self.tally.snapshot(
             self.t_start, t_llama, plan, self.controller, generated=n_out, draft_len=gamma
@@ -303,11 +308,11 @@ class Generation:
         tokens the constraint allows. The KV keeps what came before it; the roll-back restores the rest."""
         target = self.lane.target
         tokens = [self.ctx[-1], *self.draft.tokens]
-        start = len(self.ctx) - 1  # the pending token's position
-        keep = min(len(target.kv_tokens) - start, row)  # this verify's tokens before the row, still in the KV
-        target.truncate(start + keep)
+        before = [*self.ctx[:-1], *tokens[:row]]  # what the row's token is decoded after
+        target.truncate(min(len(target.kv_tokens), len(before)))
+        target.sync(before)  # an earlier reread left less; a memory that cannot drop a part was cleared
         self.constraint.rereads += 1
-        return target.decode(tokens[keep : row + 1], [row - keep], LOGITS)[0]
+        return target.decode([tokens[row]], [0], LOGITS)[0]
 
     def finish(
         self,

@@ -328,6 +328,10 @@ def warp_row(
     has one), then ``params``'s penalties and logit bias, given the token ``counts`` of the row's window.
 
     :class:`NeedWholeRow` when ``scores`` are candidates and too few of them are allowed to be sure of the row."""
+    if mask is not None and mask.count == 1:  # one allowed token: one-hot on it, whatever the logits
+        only = mask.only()
+        assert only is not None
+        return Dist.one_hot(only)
     if isinstance(scores, Candidates):
         ids, x = scores.ids[row], scores.logits[row]
         if isinstance(x, np.ndarray):

@@ -174,24 +174,40 @@ def _call(raw: str, key: str, names: set[str]) -> ToolCall | None:
 
 
 class CallStream:
-    """A streamed reply that may be a tool call: text is handed on as it comes, except what may still turn out to
-    be a call (the start of the reply while it reads as the start of the family's call syntax), which is held and,
-    at the end, parsed into calls or handed on as text."""
+    """A streamed reply that may hold tool calls: text is handed on as it comes, except what may turn out to be a
+    call, which is held and, at the end, parsed into calls or handed on as text. What may be a call: the start of
+    the reply while it reads as the start of one (the family's syntax, bare or fenced JSON), and in the Hermes
+    format everything from a ``<tool_call>`` on (a reply may think or explain first)."""
+
+    MARKER = "<tool_call>"
 
     def __init__(self, fmt: ToolFormat, tools: Sequence[Tool]) -> None:
         self.fmt, self.tools = fmt, tools
-        self._held = ""
-        self._holding = True
+        self._held = ""  # text not handed on yet
+        self._at_start = True  # nothing handed on yet: the whole reply may still be one call
+        self._capturing = False  # a <tool_call> was seen: everything from it on is held
 
     def feed(self, text: str) -> str:
         """The part of ``text`` that can be shown now."""
-        if not self._holding:
-            return text
         self._held += text
-        if self._may_be_a_call(self._held.lstrip()):
+        if self._capturing:
             return ""
-        self._holding = False
-        out, self._held = self._held, ""
+        if self._at_start:
+            if self._may_be_a_call(self._held.lstrip()):
+                return ""
+            self._at_start = False
+        if self.fmt != "hermes":
+            out, self._held = self._held, ""
+            return out
+        at = self._held.find(self.MARKER)
+        if at >= 0:  # a call begins: hand on what came before it, hold the rest
+            self._capturing = True
+            out, self._held = self._held[:at], self._held[at:]
+            return out
+        # keep back a tail that may be the start of the marker
+        keep = next((n for n in range(min(len(self.MARKER) - 1, len(self._held)), 0, -1)
+                     if self.MARKER.startswith(self._held[-n:])), 0)  # fmt: skip
+        out, self._held = self._held[: len(self._held) - keep], self._held[len(self._held) - keep :]
         return out
 
     @staticmethod
@@ -208,9 +224,9 @@ class CallStream:
         return head.startswith("{")
 
     def finish(self) -> tuple[str, list[ToolCall]]:
-        """What is left: the held text, or the calls it holds."""
+        """What is left: the held text, or the calls it holds (and the text around them)."""
         held, self._held = self._held, ""
-        if not self._holding or not held:
+        if not held or not (self._at_start or self._capturing):
             return held, []
         parsed = parse_calls(self.fmt, held, self.tools)
         if parsed is None:
@@ -224,7 +240,7 @@ def template_tool_calls(messages: Sequence[dict], decode: Callable[[str], Any] =
     (OpenAI sends them as JSON strings; the templates write them with ``tojson``)."""
     out = []
     for message in messages:
-        calls = message.get("tool_calls")
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
         if calls:
             fixed = []
             for call in calls:

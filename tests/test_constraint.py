@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from biased_verifiers import accept_if_p_at_least_q, resample_from_p, token_match
-from exact_reference import output_checks, reference_warp
+from exact_reference import output_checks, reference_penalize, reference_warp
 from fakes import EOS, FakeModel
 from stat_tools import worst
 
@@ -46,6 +46,7 @@ def pairs_allowed(out: list[int]) -> set[int]:
          "Unimplemented keys"),
         (lambda: Grammar.json_schema({"type": "string", "pattern": "(?<=a)b"}), "look-around"),
         (lambda: Grammar.json_schema({"$ref": "https://example.com/schema.json"}), "example.com"),
+        (lambda: Grammar.json_schema({"type": "object", "x-guidance": 5}), "x-guidance"),
     ],
 )  # fmt: skip
 def test_a_grammar_that_cannot_compile_is_refused_naming_its_problem(grammar, problem: str) -> None:
@@ -167,6 +168,15 @@ def test_masked_candidates_give_the_masked_whole_rows_distribution_or_ask_for_th
     assert checked > 50 and refused > 20
 
 
+def test_a_row_with_one_allowed_token_is_one_hot_on_it_whatever_the_candidates() -> None:
+    bits = np.zeros(V, dtype=bool)
+    bits[7] = True
+    mask = Mask(np.packbits(bits, bitorder="little").tobytes())
+    candidates = Candidates([[1, 2, 3]], [[3.0, 2.0, 1.0]])  # 7 is not among them: no need to read the row again
+    for params in (SamplingParams(temperature=0), SamplingParams(temperature=0.8, top_k=3)):
+        assert warp_row(candidates, 0, params, None, mask) == ([7], [1.0])
+
+
 def test_a_constrained_request_reads_more_candidates_than_its_top_k() -> None:
     g = Grammar.regex("[0-9]+")
     assert readout_for(SamplingParams(temperature=0, constraint=g), 151936).k == 33
@@ -216,12 +226,16 @@ def test_greedy_constrained_speculation_equals_plain_constrained_greedy(
 
 def exact_constrained_joint(target: FakeModel, params: SamplingParams, length: int) -> np.ndarray:
     """The exact joint of the first ``length`` output tokens under :data:`PAIRS`, by enumeration with the reference
-    mask and warp over the fake's whole rows."""
+    mask, penalties and warp over the fake's whole rows."""
     joint = np.zeros((V,) * length)
     warps = dict(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, min_p=params.min_p)
 
     def walk(prefix: tuple[int, ...], mass: float) -> None:
-        logits = target.logits_after(PROMPT + list(prefix)).astype(np.float64)
+        history = PROMPT + list(prefix)
+        logits = reference_penalize(
+            target.logits_after(history), history, repeat_penalty=params.repeat_penalty,
+            repeat_last_n=params.repeat_last_n,
+        )  # fmt: skip
         ok = sorted(pairs_allowed(list(prefix)))
         masked = np.full(V, -np.inf)
         masked[ok] = logits[ok]
@@ -240,9 +254,12 @@ def exact_constrained_joint(target: FakeModel, params: SamplingParams, length: i
 N = 4000
 
 
-def constrained_checks(drafter: str, monkeypatch) -> tuple[list, dict]:
+def constrained_checks(drafter: str, monkeypatch, repeat_penalty: float = 1.0) -> tuple[list, dict]:
     monkeypatch.setattr("edgespec.sampling.CONSTRAINED_MARGIN", 1)  # top-4 of 26: rows are often read again whole
-    params = SamplingParams(temperature=0.8, top_k=3, top_p=0.95, min_p=0.05, max_tokens=4, constraint=PAIRS)
+    params = SamplingParams(
+        temperature=0.8, top_k=3, top_p=0.95, min_p=0.05, max_tokens=4, constraint=PAIRS,
+        repeat_penalty=repeat_penalty, repeat_last_n=4,
+    )  # fmt: skip
     target = FakeModel(n_vocab=V, sharp=1.0, eos_bias=1.0)
     if drafter == "model":
         draft = FakeModel(n_vocab=V, seed=4, noise=1.0, sharp=1.0, eos_bias=1.0)
@@ -262,9 +279,12 @@ def constrained_checks(drafter: str, monkeypatch) -> tuple[list, dict]:
 
 
 @pytest.mark.exactness
-@pytest.mark.parametrize("drafter", ["model", "lookup"])
-def test_constrained_output_has_the_targets_constrained_distribution(drafter: str, monkeypatch) -> None:
-    checks, seen = constrained_checks(drafter, monkeypatch)
+@pytest.mark.parametrize("drafter, repeat_penalty", [("model", 1.0), ("lookup", 1.0), ("model", 1.5)])
+def test_constrained_output_has_the_targets_constrained_distribution(
+    drafter: str, repeat_penalty: float, monkeypatch
+) -> None:
+    """With a repeat penalty too: rows masked and penalised along the draft, candidates widened by the window."""
+    checks, seen = constrained_checks(drafter, monkeypatch, repeat_penalty)
     assert worst(checks).ratio <= 1, checks
     # what ran: forced drafts, rows read again whole, and the drafter's own drafts
     assert seen["forced"] > N // 5 and seen["rereads"] > N // 10 and seen["drafted"] > N // 4, seen

@@ -122,3 +122,25 @@ def test_the_required_call_grammar_admits_only_a_call_that_fits_the_schema() -> 
         c = Constraint(grammar, model, lambda t: t == 0)
         assert c.valid_prefix(list(bad.encode())) < len(bad.encode()), bad
     assert json.loads(good.split("\n")[1])["arguments"] == {"city": "Oslo"}
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        ["Let me check.\n<tool", '_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'],
+        ["<think>The user wants", " the weather.</think>\n\n<tool_call>\n", '{"name": "get_weather", ',
+         '"arguments": {"city": "Oslo"}}\n</tool_call>'],
+    ],
+)  # fmt: skip
+def test_a_call_after_text_streams_the_text_and_then_the_call_as_the_whole_reply_parses(pieces) -> None:
+    stream = CallStream("hermes", TOOLS)
+    shown = "".join(stream.feed(p) for p in pieces)
+    rest, calls = stream.finish()
+    whole_content, whole_calls = parse_calls("hermes", "".join(pieces), TOOLS)
+    assert "<tool" not in shown + rest and shown.strip() == (whole_content or "")
+    assert [(c.name, c.arguments) for c in calls] == [(c.name, c.arguments) for c in whole_calls]
+
+
+def test_text_with_a_lone_angle_bracket_is_not_held_for_ever() -> None:
+    stream = CallStream("hermes", TOOLS)
+    assert stream.feed("a < b, and ") + stream.feed("<b> is bold") + stream.finish()[0] == "a < b, and <b> is bold"

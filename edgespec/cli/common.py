@@ -236,7 +236,9 @@ def constraint_from(opts: dict[str, Any]):
         text = path.read_text()
     except OSError as e:
         raise click.BadParameter(f"cannot read {path}: {e.strerror}", param_hint="--grammar") from None
-    return Grammar.gbnf(text) if path.suffix == ".gbnf" or "::=" in text else Grammar.lark(text)
+    if path.suffix in (".gbnf", ".lark"):
+        return Grammar.gbnf(text) if path.suffix == ".gbnf" else Grammar.lark(text)
+    return Grammar.gbnf(text) if "::=" in text else Grammar.lark(text)  # GBNF's rules read "name ::= ..."
 
 
 def sampling_params(opts: dict[str, Any]):

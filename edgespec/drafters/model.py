@@ -147,7 +147,9 @@ class ModelDrafter:
     def _reread(self, token: int) -> np.ndarray:
         """The whole logits row after the KV's last token (``token``), decoded again."""
         model = self.model
-        model.truncate(len(model.kv_tokens) - 1)
+        before = list(model.kv_tokens[:-1])
+        model.truncate(len(before))
+        model.sync(before)  # a memory that cannot drop a partial sequence was cleared: rebuilt
         return model.decode([token], [0], LOGITS)
 
     def commit(self, context: Sequence[int]) -> None:

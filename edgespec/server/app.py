@@ -20,6 +20,7 @@ from edgespec.server.middleware import ApiKeyMiddleware, BodyLimitMiddleware
 from edgespec.server.page import install_page
 from edgespec.server.prepare import (
     chat_messages,
+    check_constraint,
     check_model,
     completion_prompt,
     generation_request,
@@ -131,6 +132,7 @@ def create_app(load: Callable[[], Runtime], settings: ServerSettings | None = No
         source = chat_messages(body) if is_chat else completion_prompt(body)
         prompt = await run_in_threadpool(prompt_tokens, loaded.runtime, source, tools)
         generation = generation_request(loaded, body, prompt, tools)
+        await run_in_threadpool(check_constraint, loaded.runtime, generation)
         job = worker.submit(generation)
         shape = ResponseShape(kind, served, piece=loaded.runtime.engine.target.piece)
         draft_model = loaded.runtime.draft.name if loaded.runtime.draft is not None else None

@@ -194,6 +194,21 @@ def tool_constraint(use: ToolUse, runtime: Runtime) -> Grammar | None:
         raise bad_request(f"the tools' parameter schemas: {exc}", param="tools") from exc
 
 
+def check_constraint(runtime: Runtime, request: GenerationRequest) -> None:
+    """A 400 when the request's constraint cannot serve this model's vocabulary (a grammar naming a special token it
+    lacks): found before the request is queued, not as an error frame in a stream that already said 200. Blocking
+    (the first constrained request builds the vocabulary's index, ~1 s)."""
+    if request.params.constraint is None:
+        return
+    from edgespec.constraint import Constraint
+
+    target = runtime.engine.target
+    try:
+        Constraint(request.params.constraint, target, target.is_eog)
+    except EdgespecError as exc:
+        raise bad_request(str(exc), param="tools" if request.tools is not None else "response_format") from exc
+
+
 def chat_messages(body: ChatCompletionRequest) -> list[dict]:
     """The messages as the chat template takes them: a known role and a string content (and an assistant's
     ``tool_calls``, a tool reply's ``tool_call_id``)."""
