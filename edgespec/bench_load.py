@@ -175,6 +175,11 @@ def run_load_bench(
     binary = shutil.which(LLAMA_SERVER) if peers else None
     if peers and binary is None:
         notes.append(f"{LLAMA_SERVER} is not on PATH: its peer rows are skipped")
+    if binary is not None and any(p.json_schema is not None for t in tasks for p in t.prompts):
+        notes.append(
+            f"{LLAMA_SERVER} gets each JSON schema as its json_schema field: its grammar lets the model choose the "
+            "whitespace, where edgespec fixes it (', ' and ': '), so the two decode under slightly different rules"
+        )
     records: list[LoadRecord] = []
     warm = _replace(params, max_tokens=WARMUP_TOKENS)
     for level in levels:
