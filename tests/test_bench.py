@@ -192,6 +192,13 @@ def test_run_bench_on_the_tiny_model_with_every_strategy(tiny_model_path: Path) 
     json.dumps(report)  # serialisable as the --json output
 
 
+def test_the_untuned_code_edits_load_as_a_workload() -> None:
+    (task,) = load_tasks(source=Path(__file__).parent / "data" / "untuned-code-edits.toml")
+    assert task.name == "untuned-code-edit" and [p.id for p in task.prompts] == [
+        "rename-variable", "reindent", "add-parameter"
+    ]
+
+
 def test_structured_prompts_carry_a_schema_or_tools() -> None:
     (task,) = load_tasks(["structured"])
     schemas = [p for p in task.prompts if p.json_schema is not None]
