@@ -763,6 +763,7 @@ def loop_costs(
     draft_gamma: int = 4,
     seed: int = 0,
     on_run: Callable[[], None] | None = None,
+    variants: dict[str, dict[str, Any]] | None = None,
 ) -> list[LoopCost]:
     """Plain decoding (and the draft model at a fixed γ, lookup off) at each temperature, the runs alternating
     within each repetition so that a slower spell of the machine hits all of them alike.
@@ -770,7 +771,8 @@ def loop_costs(
     Then each run once more, recorded, and replayed ``repeats`` times with every decode's output played back at once
     (:mod:`edgespec.replay`): the same tokens with no forward pass between the rounds, so what is left outside is
     the loop with warm caches. Sampling uses the CLI's defaults (top-k 40, top-p 0.95, min-p 0.05) at temperatures
-    above 0."""
+    above 0. ``variants``: more sampling settings (a name and SamplingParams fields, e.g. penalties and logprobs),
+    each run beside the plain settings at every temperature."""
     from edgespec.engine import Engine
     from edgespec.replay import Recorder, Replay, ReplayDiverged
     from edgespec.sampling import SamplingParams
@@ -783,13 +785,14 @@ def loop_costs(
         return Engine(t, d if gammas[name] else None, draft_len=gammas[name], lookup=False)
 
     engines = {name: engine(name, target, draft) for name in gammas}
-    runs = [(name, t) for name in engines for t in temperatures]
-    totals: dict[tuple[str, float], list[dict[str, Any]]] = {run: [] for run in runs}
+    extra = {"": {}, **(variants or {})}
+    runs = [(name, t, v) for name in engines for t in temperatures for v in extra]
+    totals: dict[tuple[str, float, str], list[dict[str, Any]]] = {run: [] for run in runs}
     for rep in range(repeats):
-        for name, t in runs:
-            params = SamplingParams(temperature=t, max_tokens=max_tokens, seed=seed + rep)
+        for name, t, v in runs:
+            params = SamplingParams(temperature=t, max_tokens=max_tokens, seed=seed + rep, **extra[v])
             results = [measure_engine(engines[name], prompt, params) for prompt in prompts]
-            totals[(name, t)].append(
+            totals[(name, t, v)].append(
                 dict(
                     tokens=sum(r["generated"] for r in results),
                     rounds=sum(r["rounds"] for r in results),
@@ -800,9 +803,9 @@ def loop_costs(
             )
             if on_run is not None:
                 on_run()
-    replayed: dict[tuple[str, float], list[float]] = {}  # outside seconds, tokens, rounds
-    for name, t in runs:
-        params = SamplingParams(temperature=t, max_tokens=max_tokens, seed=seed)
+    replayed: dict[tuple[str, float, str], list[float]] = {}  # outside seconds, tokens, rounds
+    for name, t, v in runs:
+        params = SamplingParams(temperature=t, max_tokens=max_tokens, seed=seed, **extra[v])
         recorded = []
         for prompt in prompts:
             rec_t, rec_d = Recorder(target), Recorder(draft) if draft is not None else None
@@ -813,21 +816,21 @@ def loop_costs(
             for prompt, rec_t, rec_d, tokens in recorded:
                 r = measure_engine(engine(name, Replay(rec_t), Replay(rec_d) if rec_d else None), prompt, params)
                 if r["tokens"] != tokens:
-                    raise ReplayDiverged(f"{name} T={t:g}: the replay generated other tokens than the recorded run")
+                    raise ReplayDiverged(f"{name} T={t:g} {v}: the replay generated other tokens than the recorded run")
                 sums[0] += r["t_outside"]
                 sums[1] += r["generated"]
                 sums[2] += r["rounds"]
-        replayed[(name, t)] = sums
+        replayed[(name, t, v)] = sums
         if on_run is not None:
             on_run()
     out = []
-    for (name, t), reps in totals.items():
+    for (name, t, v), reps in totals.items():
         tokens, rounds = sum(r["tokens"] for r in reps), sum(r["rounds"] for r in reps)
         seconds, outside = sum(r["seconds"] for r in reps), sum(r["outside"] for r in reps)
-        r_outside, r_tokens, r_rounds = replayed[(name, t)]
+        r_outside, r_tokens, r_rounds = replayed[(name, t, v)]
         out.append(
             LoopCost(
-                run=f"{name} T={t:g}",
+                run=f"{name} T={t:g}" + (f" {v}" if v else ""),
                 sampling_path=reps[0]["path"],
                 tokens_per_second=tokens / seconds if seconds else 0.0,
                 ms_per_token=1e3 * seconds / tokens if tokens else 0.0,

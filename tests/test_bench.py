@@ -331,6 +331,18 @@ def test_loop_cost_through_the_cli(tiny_model_path) -> None:
         assert r["tokens_per_second"] > 0 and r["outside_ms_per_token"] > 0 and r["replayed_ms_per_token"] > 0
 
 
+@pytest.mark.real
+def test_loop_cost_with_penalties_and_logprobs_runs_them_side_by_side(tiny_model_path) -> None:
+    path = str(tiny_model_path)
+    args = ["--loop-cost", "--with-penalties-logprobs", "--json", "-m", path, "--draft", "none", "--n-ctx", "1024",
+            "--tasks", "code-edit", "--max-tokens", "6", "--repeats", "1", "--temperature", "0"]  # fmt: skip
+    result = CliRunner().invoke(main, ["bench", *args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert [r["run"] for r in rows] == ["plain T=0", "plain T=0 +penalties+logprobs"]
+    assert rows[1]["sampling_path"] == "numpy on full rows"  # logprobs read whole rows
+
+
 # ----- many requests at once ------------------------------------------------------------------------------------
 def test_concurrency_levels_parse_or_fail_clearly() -> None:
     from edgespec.bench_load import default_levels

@@ -95,6 +95,12 @@ def _split(value: str | None) -> list[str]:
     "--repeats", type=click.IntRange(min=1), default=3, show_default=True, help="Repetitions for --loop-cost."
 )
 @click.option(
+    "--with-penalties-logprobs",
+    is_flag=True,
+    help="With --loop-cost: also run each configuration with a repeat penalty (1.1), frequency and presence "
+    "penalties (0.5) and logprobs (5 alternatives), side by side with the plain settings.",
+)
+@click.option(
     "--concurrency",
     metavar="N[,N...]",
     default=None,
@@ -117,6 +123,7 @@ def bench(
     costs: bool,
     loop_cost: bool,
     repeats: int,
+    with_penalties_logprobs: bool,
     concurrency: str | None,
     as_json: bool,
     **opts: Any,
@@ -153,7 +160,7 @@ def bench(
                 click.echo(json.dumps(table, indent=1) if as_json else render_costs(table))
                 return
             if loop_cost:
-                _loop_cost(target, draft, suite, params, repeats, as_json)
+                _loop_cost(target, draft, suite, params, repeats, as_json, with_penalties_logprobs)
                 return
             if levels is not None:
                 _concurrency(target, draft, suite, _split(strategies), params, levels, lookup_len, peers, opts, as_json)
@@ -213,7 +220,14 @@ def _concurrency(
     click.echo(render_load_report(records, notes, header))
 
 
-def _loop_cost(target: Any, draft: Any, suite: Any, params: Any, repeats: int, as_json: bool) -> None:
+PENALTIES_LOGPROBS = {
+    "+penalties+logprobs": dict(repeat_penalty=1.1, frequency_penalty=0.5, presence_penalty=0.5, logprobs=5)
+}
+
+
+def _loop_cost(
+    target: Any, draft: Any, suite: Any, params: Any, repeats: int, as_json: bool, with_extras: bool = False
+) -> None:
     import json
     from dataclasses import asdict
 
@@ -221,7 +235,9 @@ def _loop_cost(target: Any, draft: Any, suite: Any, params: Any, repeats: int, a
 
     prompts = [render_prompt(target, task.prompts[0].messages) for task in suite]
     temperatures = [0.0] if params.temperature == 0 else [0.0, params.temperature]
-    runs = (repeats + 1) * len(temperatures) * (2 if draft is not None else 1)  # + the recorded runs
+    variants = PENALTIES_LOGPROBS if with_extras else {}
+    # + the recorded runs
+    runs = (repeats + 1) * len(temperatures) * (2 if draft is not None else 1) * (1 + len(variants))
     with tqdm(total=runs, desc="loop cost", unit="run", file=sys.stderr, disable=None, leave=False) as bar:
         rows = loop_costs(
             target,
@@ -232,6 +248,7 @@ def _loop_cost(target: Any, draft: Any, suite: Any, params: Any, repeats: int, a
             repeats=repeats,
             seed=params.seed or 0,
             on_run=lambda: bar.update(1),
+            variants=variants,
         )
     if as_json:
         click.echo(json.dumps([asdict(r) for r in rows], indent=1))
