@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from biased_verifiers import accept_if_p_at_least_q, resample_from_p, token_match
-from exact_reference import output_checks, reference_penalize, reference_warp
+from exact_reference import output_checks, reference_warp
 from fakes import EOS, FakeModel
 from stat_tools import worst
+from test_engine import exact_output_joint
 
 from edgespec.constraint import Constraint, Grammar, Mask
 from edgespec.engine import Engine
@@ -224,33 +225,6 @@ def test_greedy_constrained_speculation_equals_plain_constrained_greedy(
         assert done.stats.forced > 0
 
 
-def exact_constrained_joint(target: FakeModel, params: SamplingParams, length: int) -> np.ndarray:
-    """The exact joint of the first ``length`` output tokens under :data:`PAIRS`, by enumeration with the reference
-    mask, penalties and warp over the fake's whole rows."""
-    joint = np.zeros((V,) * length)
-    warps = dict(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, min_p=params.min_p)
-
-    def walk(prefix: tuple[int, ...], mass: float) -> None:
-        history = PROMPT + list(prefix)
-        logits = reference_penalize(
-            target.logits_after(history), history, repeat_penalty=params.repeat_penalty,
-            repeat_last_n=params.repeat_last_n,
-        )  # fmt: skip
-        ok = sorted(pairs_allowed(list(prefix)))
-        masked = np.full(V, -np.inf)
-        masked[ok] = logits[ok]
-        probs = reference_warp(masked, **warps)
-        for t in np.flatnonzero(probs):
-            seq = (*prefix, int(t))
-            if t == EOS or len(seq) == length:
-                joint[seq + (EOS,) * (length - len(seq))] += mass * probs[t]
-            else:
-                walk(seq, mass * probs[t])
-
-    walk((), 1.0)
-    return joint
-
-
 N = 4000
 
 
@@ -275,7 +249,7 @@ def constrained_checks(drafter: str, monkeypatch, repeat_penalty: float = 1.0) -
         seen["forced"] += done.stats.forced
         seen["rereads"] += done.stats.rereads
         seen["drafted"] += done.stats.drafted - done.stats.forced
-    return output_checks(outputs, exact_constrained_joint(target, params, 4)), seen
+    return output_checks(outputs, exact_output_joint(target, PROMPT, params, 4, pairs_allowed)), seen
 
 
 @pytest.mark.exactness

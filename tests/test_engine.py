@@ -83,10 +83,13 @@ ENGINE_N = 4000  # requests per check: every biased verifier in the controls bel
 ENGINE_PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]  # repeats, so prompt lookup proposes from the first round on
 
 
-def exact_output_joint(target: FakeModel, prompt: list[int], params: SamplingParams, length: int) -> np.ndarray:
+def exact_output_joint(
+    target: FakeModel, prompt: list[int], params: SamplingParams, length: int, allowed=None
+) -> np.ndarray:
     """The exact joint of the first ``length`` output tokens, by enumerating every continuation of ``prompt``
     with the reference penalties and warp over the fake's whole logits rows (end-of-generation ends the output: the
-    positions after it are counted as EOS)."""
+    positions after it are counted as EOS). ``allowed(output)``: the tokens a constraint allows after ``output``
+    (the others masked before the warp)."""
     joint = np.zeros((target.n_vocab,) * length)
     warps = dict(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, min_p=params.min_p)
     penalties = dict(
@@ -97,7 +100,12 @@ def exact_output_joint(target: FakeModel, prompt: list[int], params: SamplingPar
 
     def walk(prefix: tuple[int, ...], mass: float) -> None:
         history = prompt + list(prefix)
-        probs = reference_warp(reference_penalize(target.logits_after(history), history, **penalties), **warps)
+        logits = reference_penalize(target.logits_after(history), history, **penalties)
+        if allowed is not None:
+            ok = sorted(allowed(list(prefix)))
+            logits, kept = np.full(logits.shape[0], -np.inf), logits
+            logits[ok] = kept[ok]
+        probs = reference_warp(logits, **warps)
         for t in np.flatnonzero(probs):
             seq = (*prefix, int(t))
             if t == EOS or len(seq) == length:
