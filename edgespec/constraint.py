@@ -216,11 +216,13 @@ class _Pieces:
 class Mask:
     """The tokens allowed at one position: llguidance's bitmask (bit ``t`` of the little-endian bytes)."""
 
-    __slots__ = ("bits", "count", "_dense")
+    __slots__ = ("bits", "count", "_only", "_dense")
 
     def __init__(self, bits: bytes) -> None:
         self.bits = bits
-        self.count = int.from_bytes(bits, "little").bit_count()
+        value = int.from_bytes(bits, "little")  # once a position: its count, and its one token when forced
+        self.count = value.bit_count()
+        self._only = value.bit_length() - 1 if self.count == 1 else None
         self._dense: np.ndarray | None = None
 
     def allows(self, token: int) -> bool:
@@ -229,10 +231,7 @@ class Mask:
 
     def only(self) -> int | None:
         """The one allowed token, when there is exactly one."""
-        if self.count != 1:
-            return None
-        value = int.from_bytes(self.bits, "little")
-        return value.bit_length() - 1
+        return self._only
 
     def dense(self, n_vocab: int) -> np.ndarray:
         """``[n_vocab]`` booleans (for whole rows)."""
@@ -265,7 +264,6 @@ class Constraint:
         self._end_mask: Mask | None = None
         self._fork: list[int] = []  # draft tokens the matcher has consumed beyond the committed text
         self._masks: list[Mask] = []  # _masks[i]: the mask after the committed text + _fork[:i]
-        self.n_masks = 0  # masks computed (a cost the stats can show)
         self.rereads = 0  # rows whose candidates held too few allowed tokens, read again whole
         self.seconds = 0.0  # spent in the constraint engine: masks, consuming and rolling back tokens
 
@@ -298,7 +296,6 @@ class Constraint:
             if mask.count == 0:  # llguidance allows nothing only from an error state
                 raise ModelError(f"constraint: no token is allowed here ({self._matcher.get_error() or 'no reason'})")
             self._masks.append(mask)
-            self.n_masks += 1
         return self._masks[i]
 
     def _ends(self) -> Mask:
