@@ -25,7 +25,7 @@ from edgespec.drafters.controller import Load, Plan, RoundController
 from edgespec.drafters.lookup import LookupDrafter
 from edgespec.drafters.model import Drafting, ModelDrafter
 from edgespec.events import Chunk, Event, Finished, FinishReason, Span, Stats, TokenLogprob
-from edgespec.logprobs import token_logprob
+from edgespec.logprobs import row_logprob, token_logprob
 from edgespec.models.backend import common_prefix
 from edgespec.penalties import windows
 from edgespec.sampling import LOGITS, Readout, SamplingParams, Scores, Uniforms, Warped, verify_readout
@@ -284,8 +284,7 @@ class Generation:
         self.out.extend(emitted)
         logprobs: tuple[TokenLogprob, ...] = ()
         if params.logprobs is not None:  # row i of the verify is the target's distribution of new[i]
-            assert isinstance(scores, np.ndarray)
-            logprobs = tuple(token_logprob(scores[i], t, params.logprobs) for i, t in enumerate(emitted))
+            logprobs = tuple(row_logprob(scores, i, t, params.logprobs) for i, t in enumerate(emitted))
             self.logprobs.extend(logprobs)
         n_out = len(ctx) - self.n_prompt  # committed after the prompt, an end-of-generation token included
         self.tally.add_round(gamma, k, self.t_draft, t_verify, t3 - t2)
@@ -381,7 +380,7 @@ def accept(
     # Penalties see the text so far: row i's history is the committed text plus d_1..d_{i-1}.
     counts = windows(ctx, draft.tokens, params.repeat_last_n) if params.penalized else None
     if params.greedy:
-        if counts is None and masks is None and not isinstance(scores, np.ndarray):
+        if counts is None and masks is None and isinstance(scores, list):
             return verify_greedy(draft.tokens, scores)  # the target's argmax per position, from llama.cpp
         return verify_greedy(draft.tokens, _Tops(Warped(scores, params, counts, masks, reread)))
     # p_1..p_{γ+1}, each warped when the verifier first reads it

@@ -43,7 +43,8 @@ class Recorder:
         if len(rows):
             kept = out
             if isinstance(out, Candidates):  # as llama.cpp's buffers hold them, for a replay to copy out again
-                kept = [(array("f", x), array("i", ids)) for x, ids in zip(out.logits, out.ids, strict=True)]
+                rows_kept = [(array("f", x), array("i", ids)) for x, ids in zip(out.logits, out.ids, strict=True)]
+                kept = (rows_kept, None if out.log_z is None else list(out.log_z))
             self.outputs.append((len(tokens), len(rows), readout.kind, kept))
         return out
 
@@ -84,7 +85,8 @@ class Replay:
             out = recorded[3]
         self.busy_seconds += time.perf_counter() - t0
         if readout.kind == "top_k" and len(rows):  # copied out of llama.cpp's buffers, as Model.decode does
-            out = Candidates([ids.tolist() for _, ids in out], [x.tolist() for x, _ in out])
+            rows_kept, log_z = out
+            out = Candidates([ids.tolist() for _, ids in rows_kept], [x.tolist() for x, _ in rows_kept], log_z)
         elif readout.kind == "argmax":
             out = list(out)
         self.kv_tokens.extend(tokens)

@@ -146,17 +146,22 @@ class Readout:
     * ``argmax``: each row's argmax, a list of ``R`` ids (taken inside llama.cpp);
     * ``top_k``: the ``k`` highest-logit tokens of each row and their raw logits, :class:`Candidates` (selected
       inside llama.cpp).
+
+    ``log_norm`` (``top_k`` only): each row's log softmax normaliser over the whole vocabulary as well, computed
+    inside llama.cpp's graph (:attr:`Candidates.log_z`): what log-probabilities need, without reading whole rows.
     """
 
     kind: Literal["logits", "argmax", "top_k"]
     k: int = 0
+    log_norm: bool = False
 
     @property
     def path(self) -> str:
         """How sampling runs with this readout, as the stats report it."""
-        return {"argmax": "argmax in llama.cpp", "top_k": f"top-{self.k} in llama.cpp, rest in Python"}.get(
+        path = {"argmax": "argmax in llama.cpp", "top_k": f"top-{self.k} in llama.cpp, rest in Python"}.get(
             self.kind, "numpy on full rows"
         )
+        return path + " (log-normaliser in llama.cpp)" if self.log_norm else path
 
 
 LOGITS = Readout("logits")
@@ -164,9 +169,18 @@ ARGMAX = Readout("argmax")
 
 
 def verify_readout(params: SamplingParams, n_vocab: int) -> Readout:
-    """What the target's verify reads: :func:`readout_for`, or whole rows when the request wants log-probabilities
-    (their normaliser sums over the whole vocabulary)."""
-    return LOGITS if params.logprobs is not None else readout_for(params, n_vocab)
+    """What the target's verify reads: :func:`readout_for`, and for a request that wants log-probabilities the
+    top-k candidates (at least its ``logprobs`` alternatives) with each row's normaliser, computed in llama.cpp.
+
+    A constrained request with log-probabilities reads whole rows: a row its candidates cannot settle is read again
+    whole, and its token may then lie outside them."""
+    readout = readout_for(params, n_vocab)
+    if params.logprobs is None or readout.kind == "logits":
+        return readout
+    if params.constraint is not None:
+        return LOGITS
+    k = max(readout.k if readout.kind == "top_k" else 1, params.logprobs)
+    return Readout("top_k", k, log_norm=True) if k < n_vocab else LOGITS
 
 
 # A constrained row reads this many candidates beyond what it needs: the mask removes some, and a row whose
@@ -208,11 +222,18 @@ class Candidates:
     Lists, as read out of llama.cpp; numpy rows (tests, whole rows cut here) are accepted too.
     """
 
-    __slots__ = ("ids", "logits")
+    __slots__ = ("ids", "logits", "log_z")
 
-    def __init__(self, ids: Sequence[Sequence[int]], logits: Sequence[Sequence[float]]) -> None:
+    def __init__(
+        self,
+        ids: Sequence[Sequence[int]],
+        logits: Sequence[Sequence[float]],
+        log_z: Sequence[float] | None = None,
+    ) -> None:
         self.ids = ids  # [R][k]
         self.logits = logits  # [R][k]
+        # [R]: log of the softmax normaliser over the whole vocabulary, when the readout asked for it (log_norm)
+        self.log_z = log_z
 
     def __len__(self) -> int:
         return len(self.ids)

@@ -115,7 +115,10 @@ class FakeModel:
             turn = len(self.decode_calls) % k
             ids = [ranked[:k][turn:] + ranked[:k][:turn] for _, ranked, _ in scored]
             values = [values[:k][turn:] + values[:k][:turn] for _, _, values in scored]
-            return Candidates(ids, values)
+            log_z = None
+            if readout.log_norm:  # the normaliser over the whole row, as llama.cpp's graph computes it
+                log_z = [float(np.logaddexp.reduce(np.asarray(x, dtype=np.float64))) for x, _, _ in scored]
+            return Candidates(ids, values, log_z)
         return np.array([x for x, _, _ in scored], dtype=np.float32).reshape(len(scored), self.n_vocab)
 
     def readout_path(self, readout: Readout) -> str:

@@ -58,6 +58,42 @@ def test_top_k_readout_is_the_k_best_of_each_row_with_their_logits(tiny: Model) 
         np.testing.assert_allclose(got.logits[r], every[i][got.ids[r]], atol=1e-3)
 
 
+def log_norms(rows: np.ndarray) -> np.ndarray:
+    x = rows.astype(np.float64)
+    top = x.max(axis=1, keepdims=True)
+    return top[:, 0] + np.log(np.exp(x - top).sum(axis=1))
+
+
+def test_a_log_norm_readout_brings_each_rows_softmax_normaliser_from_the_graph(tiny: Model) -> None:
+    # The normaliser over the whole vocabulary, computed in llama.cpp's graph (no whole row read), against the sum
+    # over the rows read whole: what every log-probability of a verify is measured from.
+    tokens = tiny.tokenize(SENTENCE)
+    every = every_row(tiny, tokens)
+    rows = [0, 3, 7, 8, 10]  # both n_batch chunks
+    readout = Readout("top_k", 4, log_norm=True)
+    got = tiny.decode(tokens, rows, readout)
+    assert readout not in tiny._refused and tiny.readout_path(readout).endswith("(log-normaliser in llama.cpp)")
+    assert isinstance(got, Candidates) and got.log_z is not None and len(got.log_z) == len(rows)
+    np.testing.assert_allclose(got.log_z, log_norms(every[rows]), atol=1e-4)
+    for r, i in enumerate(rows):  # the candidates are the top-k's, as without the normaliser
+        assert set(got.ids[r]) == set(np.argsort(-every[i])[:4].tolist())
+    assert tiny.decode(tokens[:1], [0], Readout("top_k", 4)).log_z is None  # only when asked for
+    tiny.truncate(0)
+
+
+def test_a_refused_log_norm_readout_is_emulated_from_whole_rows(tiny: Model) -> None:
+    tokens = tiny.tokenize(SENTENCE)
+    every = every_row(tiny, tokens)
+    readout = Readout("top_k", 3, log_norm=True)
+    tiny._refused.add(readout)  # as when llama.cpp cannot run the chain in its graph
+    try:
+        got = tiny.decode(tokens, [2, 9], readout)
+    finally:
+        tiny._refused.discard(readout)
+        tiny.truncate(0)
+    np.testing.assert_allclose(got.log_z, log_norms(every[[2, 9]]), atol=1e-4)
+
+
 def test_switching_readouts_back_and_forth_keeps_the_kv_and_the_rows(tiny: Model) -> None:
     tokens = tiny.tokenize(SENTENCE)
     every = every_row(tiny, tokens)
@@ -154,7 +190,7 @@ def test_sequences_decoded_together_score_as_each_alone(tiny3: Model) -> None:
     # Three prompts in one batched decode (split over n_batch=16), each with its own readout, against each decoded
     # alone on sequence 0: the same rows, whichever sequences share the batch.
     prompts = [tiny3.tokenize(t) for t in ("The capital of France is", "def add(a, b):\n    return", "1, 2, 3,")]
-    readouts = [LOGITS, ARGMAX, Readout("top_k", 5)]
+    readouts = [LOGITS, ARGMAX, Readout("top_k", 5, log_norm=True)]
     alone = []
     for prompt, readout in zip(prompts, readouts, strict=True):
         tiny3.truncate(0)
@@ -171,6 +207,7 @@ def test_sequences_decoded_together_score_as_each_alone(tiny3: Model) -> None:
     assert together[1] == alone[1]
     assert isinstance(together[2], Candidates)
     assert [sorted(ids) for ids in together[2].ids] == [sorted(ids) for ids in alone[2].ids]
+    assert together[2].log_z == pytest.approx(alone[2].log_z, abs=1e-3)
     assert [slot.kv_tokens for slot in tiny3.slots] == prompts
     # Each sequence rolls back on its own; the others keep their cells.
     tiny3.slots[1].truncate(2)

@@ -12,7 +12,7 @@ from fakes import FakeModel
 from edgespec.engine import Engine
 from edgespec.events import Chunk, Finished
 from edgespec.logprobs import token_logprob
-from edgespec.sampling import LOGITS, SamplingParams
+from edgespec.sampling import LOGITS, Readout, SamplingParams
 
 PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]  # repeats: lookup drafts from the first round
 
@@ -45,15 +45,24 @@ def check_against_rows(target: FakeModel, finished: Finished, chunks: list[Chunk
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 @pytest.mark.parametrize("drafter", ["model", "lookup"])
-def test_every_committed_token_has_the_targets_raw_logprob_drafted_or_not(temperature: float, drafter: str) -> None:
+@pytest.mark.parametrize("top_k", [5, 0])
+def test_every_committed_token_has_the_targets_raw_logprob_drafted_or_not(
+    temperature: float, drafter: str, top_k: int
+) -> None:
     target = FakeModel(n_vocab=9, eos_bias=-9)
     draft = FakeModel(n_vocab=9, seed=1, noise=0.5, eos_bias=-9) if drafter == "model" else None
     engine = Engine(target, draft, draft_len=3, lookup=drafter == "lookup")
-    params = SamplingParams(temperature=temperature, top_k=5, repeat_penalty=1.3, seed=4, max_tokens=30, logprobs=3)
+    params = SamplingParams(temperature=temperature, top_k=top_k, repeat_penalty=1.3, repeat_last_n=3, seed=4,
+                            max_tokens=30, logprobs=3)  # fmt: skip
     events = list(engine.stream(PROMPT, params))
     chunks, finished = events[:-1], events[-1]
     assert isinstance(finished, Finished) and finished.stats.accepted > 0  # drafted tokens among them
-    assert all(r == LOGITS for r in target.readouts[1:])  # whole rows: the normaliser needs every logit
+    # The verifies read candidates (at least the 3 alternatives) with each row's normaliser computed in llama.cpp;
+    # without a top-k, sampling at T > 0 reads whole rows, and the normaliser is summed here.
+    verifies = [r for r, (_, rows) in zip(target.readouts, target.decode_calls, strict=True) if rows]
+    with_candidates = top_k > 0 or temperature == 0
+    expected = Readout("top_k", (1 if temperature == 0 else top_k) + 3, log_norm=True) if with_candidates else LOGITS
+    assert verifies and all(r == expected for r in verifies)
     check_against_rows(target, finished, chunks)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -248,7 +249,7 @@ def _allocate(readout: Readout, n_rows: int, n_vocab: int) -> Scores:
     if readout.kind == "argmax":
         return []
     if readout.kind == "top_k":
-        return Candidates([], [])
+        return Candidates([], [], [] if readout.log_norm else None)
     return np.empty((n_rows, n_vocab), dtype=np.float32)
 
 
@@ -258,8 +259,67 @@ def _emulate(readout: Readout, logits: np.ndarray) -> Scores:
         return logits.argmax(axis=1).tolist()
     if readout.kind == "top_k":
         ids = np.argpartition(logits, -readout.k, axis=1)[:, -readout.k :]
-        return Candidates(ids.tolist(), np.take_along_axis(logits, ids, axis=1).tolist())
+        log_z = None
+        if readout.log_norm:
+            shift = logits.max(axis=1, keepdims=True)
+            log_z = (shift[:, 0] + np.log(np.exp(logits - shift).sum(axis=1, dtype=np.float64))).tolist()
+        return Candidates(ids.tolist(), np.take_along_axis(logits, ids, axis=1).tolist(), log_z)
     return logits
+
+
+# ----- the log-normaliser, in llama.cpp's graph ---------------------------------------------------------------
+# A log-probability needs its row's softmax normaliser Z, a sum over the whole vocabulary: reading 150k logits a
+# row out of llama.cpp to sum them in numpy cost ~5x the rest of the loop (`bench --loop-cost
+# --with-penalties-logprobs`). Instead a backend sampler of our own, first in the chain, adds to each row's graph
+# the softmax probability of the row's argmax, p_max = exp(max) / Z, handed back as the row's one "probability";
+# then log Z = max - log(p_max), with max the best of the top-k candidates read anyway. p_max >= 1/n_vocab never
+# underflows, so the float32 result is good to ~1e-7. It is a sampler in ggml only: llama.cpp never calls its CPU
+# side when the chain runs in the graph, and a chain llama.cpp refuses is emulated from whole rows (_emulate).
+def _ggml_function(name: str, argtypes: list, restype):
+    from llama_cpp._ggml import libggml  # llama.cpp's own ggml (libggml, which loads libggml-base)
+
+    function = getattr(libggml, name)
+    function.argtypes, function.restype = argtypes, restype
+    return function
+
+
+_ptr = ctypes.c_void_p
+_ggml_reshape_2d = _ggml_function("ggml_reshape_2d", [_ptr, _ptr, ctypes.c_int64, ctypes.c_int64], _ptr)
+_ggml_soft_max = _ggml_function("ggml_soft_max", [_ptr, _ptr], _ptr)
+_ggml_argmax = _ggml_function("ggml_argmax", [_ptr, _ptr], _ptr)
+_ggml_get_rows = _ggml_function("ggml_get_rows", [_ptr, _ptr, _ptr], _ptr)
+_ggml_nelements = _ggml_function("ggml_nelements", [_ptr], ctypes.c_int64)
+
+
+def _log_norm_graph(_smpl, ctx, _graph, data) -> None:
+    """backend_apply: ``data.probs`` = the softmax of ``data.logits`` (one row) at its argmax."""
+    data = data.contents
+    n = _ggml_nelements(data.logits)
+    row = _ggml_reshape_2d(ctx, data.logits, n, 1)
+    column = _ggml_reshape_2d(ctx, _ggml_soft_max(ctx, row), 1, n)  # get_rows picks rows: one per token
+    data.probs = _ggml_get_rows(ctx, column, _ggml_argmax(ctx, row))
+
+
+_i = llama_cpp
+# The interface lives as long as the module: llama.cpp keeps a pointer to it in every sampler made from it.
+_LOG_NORM_CALLBACKS = (
+    _i.llama_sampler_i_name(lambda _smpl: b"edgespec-log-norm"),
+    _i.llama_sampler_i_apply(lambda _smpl, _cur: None),  # required; never called while the chain runs in-graph
+    _i.llama_sampler_i_backend_init(lambda _smpl, _buft, _n_max: True),
+    _i.llama_sampler_i_backend_apply(_log_norm_graph),
+)
+_LOG_NORM_IFACE = _i.llama_sampler_i(
+    name=_LOG_NORM_CALLBACKS[0],
+    apply=_LOG_NORM_CALLBACKS[1],
+    backend_init=_LOG_NORM_CALLBACKS[2],
+    backend_apply=_LOG_NORM_CALLBACKS[3],
+)
+del _i
+
+
+def _log_norm_sampler():
+    """A new sampler of the log-normaliser (a chain frees its samplers; this one owns no state)."""
+    return llama_cpp.llama_sampler_init(ctypes.byref(_LOG_NORM_IFACE), None)
 
 
 def sync(kv, tokens: Sequence[int]) -> int:
@@ -351,6 +411,8 @@ class Slot:
             # A chain is bound to the graph it is installed in: llama.cpp initialises it once, so every switch
             # builds a new one (a chain is a few bytes; switches happen per request at most).
             chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+            if readout.log_norm:  # first: it needs the whole row
+                llama_cpp.llama_sampler_chain_add(chain, _log_norm_sampler())
             step = (
                 llama_cpp.llama_sampler_init_greedy()
                 if readout.kind == "argmax"
@@ -714,9 +776,14 @@ class Model:
                 if n != kind.k:
                     raise ModelError(f"{self.name}: llama.cpp returned {n} candidates for a top-{kind.k} row")
                 # Slicing these pointers builds the lists in C: no numpy on the hot path (see sampling.py).
+                p_max = None
+                if kind.log_norm:
+                    if llama_cpp.llama_get_sampled_probs_count_ith(ctx, j) != 1:
+                        raise ModelError(f"{self.name}: llama.cpp returned no log-normaliser for row {j}")
+                    p_max = llama_cpp.llama_get_sampled_probs_ith(ctx, j)[0]
                 copies.append(
                     (out, kind.k, llama_cpp.llama_get_sampled_logits_ith(ctx, j),
-                     llama_cpp.llama_get_sampled_candidates_ith(ctx, j))
+                     llama_cpp.llama_get_sampled_candidates_ith(ctx, j), p_max)
                 )  # fmt: skip
             else:
                 row = llama_cpp.llama_get_logits_ith(ctx, j)
@@ -725,9 +792,12 @@ class Model:
                 ctypes.memmove(out[read[p]].ctypes.data, row, 4 * self.n_vocab)
             read[p] += 1
         busy = time.perf_counter() - t0
-        for out, k, logits_at, ids_at in copies:
-            out.logits.append(logits_at[:k])
+        for out, k, logits_at, ids_at, p_max in copies:
+            logits = logits_at[:k]
+            out.logits.append(logits)
             out.ids.append(ids_at[:k])
+            if p_max is not None:  # the argmax's probability: log Z = max - log p_max (see _log_norm_graph)
+                out.log_z.append(max(logits) - math.log(p_max))
         return busy
 
     def readout_path(self, readout: Readout) -> str:
