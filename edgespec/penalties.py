@@ -76,6 +76,7 @@ class RowWindows(Sequence[Counter[int]]):
 
     def __init__(self, context: Sequence[int], draft: Sequence[int], n: int) -> None:
         self._context, self._draft, self._n = context, draft, n
+        self._last: tuple[int, Counter[int]] | None = None  # the row asked for last, and its counts
 
     def __len__(self) -> int:
         return len(self._draft) + 1
@@ -83,7 +84,24 @@ class RowWindows(Sequence[Counter[int]]):
     def __getitem__(self, i: int) -> Counter[int]:  # type: ignore[override]  # rows only, no slices
         if not 0 <= i < len(self):
             raise IndexError(i)
-        return window(self._context, self._draft[:i], self._n)
+        last = self._last
+        if last is not None and last[0] == i - 1 and self._n > 0:
+            # Rows are read in order: row i's window is row i-1's with d_i-1 come in and, once the window is full,
+            # the token n places before it gone (a copy and two updates, not a count of n tokens).
+            counts = last[1].copy()
+            counts[self._draft[i - 1]] += 1
+            gone_at = len(self._context) + i - 1 - self._n
+            if gone_at >= 0:
+                n_context = len(self._context)
+                gone = self._context[gone_at] if gone_at < n_context else self._draft[gone_at - n_context]
+                if counts[gone] == 1:
+                    del counts[gone]  # only tokens in the window are keys (penalize_list relies on it)
+                else:
+                    counts[gone] -= 1
+        else:
+            counts = window(self._context, self._draft[:i], self._n)
+        self._last = (i, counts)
+        return counts
 
 
 def penalize_list(ids: list[int], logits: list[float], counts: Counter[int], params: SamplingParams) -> list[float]:

@@ -50,6 +50,26 @@ def test_each_verify_row_counts_the_context_plus_the_drafts_before_it(context, d
     assert list(windows(context, draft, n)) == [Counter(e) for e in expected]
 
 
+def test_rows_read_in_order_slide_the_window_as_counting_it_afresh_does() -> None:
+    # The rows of a verify (and a draft's steps) are read in order, each window derived from the one before; any
+    # order of reads, growing drafts and short contexts give each row's own count, with no zero-count keys.
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        context = rng.integers(0, 6, size=int(rng.integers(0, 12))).tolist()
+        draft = rng.integers(0, 6, size=int(rng.integers(0, 8))).tolist()
+        n = int(rng.integers(0, 10))
+        rows = windows(context, draft, n)
+        order = list(range(len(draft) + 1)) if rng.random() < 0.7 else rng.permutation(len(draft) + 1).tolist()
+        for i in order:
+            got = rows[i]
+            assert got == window(context, draft[:i], n) and all(c > 0 for c in got.values())
+    growing: list[int] = []  # a draft model's steps: the draft grows between reads
+    rows = windows([1, 2, 3], growing, 3)
+    for i, token in enumerate([3, 3, 4, 1]):
+        assert rows[i] == window([1, 2, 3], growing, 3)
+        growing.append(token)
+
+
 @pytest.mark.parametrize(
     "fields",
     [

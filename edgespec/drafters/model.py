@@ -15,7 +15,7 @@ import numpy as np
 
 from edgespec.drafters.base import Draft
 from edgespec.models.backend import Model, common_prefix
-from edgespec.penalties import window
+from edgespec.penalties import RowWindows, windows
 from edgespec.sampling import (
     LOGITS,
     Dist,
@@ -47,6 +47,8 @@ class Drafting:
     qs: list[Dist] = field(default_factory=list)
     done: bool = False
     constraint: Constraint | None = None  # q_j is masked with its state after the context + d_1..d_j-1
+    # q_j's penalty counts: the context plus d_1..d_j-1 (over ``tokens`` as it grows), when the request has penalties
+    windows: RowWindows | None = None
 
     def draft(self) -> Draft:
         return Draft(self.tokens, None if self.params.greedy or not self.qs else self.qs)
@@ -120,7 +122,11 @@ class ModelDrafter:
             d = int(scores[0])
         else:
             # penalised with the draft's history too: the context plus the tokens drafted so far
-            counts = window(drafting.context, drafting.tokens, params.repeat_last_n) if params.penalized else None
+            counts = None
+            if params.penalized:
+                if drafting.windows is None:
+                    drafting.windows = windows(drafting.context, drafting.tokens, params.repeat_last_n)
+                counts = drafting.windows[len(drafting.tokens)]
             constraint = drafting.constraint
             if constraint is None:
                 q = warp_row(scores, 0, params, counts)
