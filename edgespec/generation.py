@@ -195,7 +195,7 @@ class Generation:
             lookup_draft = self.lookup.propose(self.ctx, max_len, params, None)
             if constraint is not None:  # what the constraint forbids would be rejected for certain
                 lookup_draft = Draft(lookup_draft.tokens[: constraint.valid_prefix(lookup_draft.tokens)], None)
-        plan = self.controller.plan(lookup_draft.tokens, load)
+        plan = self.controller.plan(lookup_draft.tokens, load, remaining=room)
         forced = constraint.forced(max_len) if constraint is not None and max_len > 0 else []
         self.n_forced = len(forced)
         if forced:  # free to propose and sure to be accepted: nothing drafts what the constraint already decides

@@ -273,3 +273,21 @@ def test_fixed_controller_measures_plain_speed_from_one_token_decodes():
     assert ctl.plain_tokens_per_second == 0.0
     ctl.observe(Plan(None, 0), n_drafted=0, n_accepted=0, t_draft=0.0, t_verify=0.05)
     assert ctl.plain_tokens_per_second == pytest.approx(20.0)
+
+
+def test_a_draft_model_far_behind_is_not_caught_up_for_a_few_tokens_left():
+    # A GPU-like machine where the draft model pays, its catch-up cheap enough per token to be within the
+    # allowance: after a new 500-token prompt it drafts, unless the request has only a few tokens left to win
+    # the prefill back in (the bench's 64-token replies to long prompts: auto's first token came late).
+    def primed() -> Controller:
+        ctl = Controller(["model"])
+        ctl.record_costs({b: 0.05 + 0.001 * b for b in range(1, 10)}, {"model": 0.004}, {"model": 0.002})
+        for _ in range(20):
+            ctl.observe(Plan("model", 4), n_drafted=4, n_accepted=4, t_draft=0.016, t_verify=0.055)
+        ctl.start_request({"model": 500})
+        return ctl
+
+    assert primed().plan().drafter == "model"  # tokens left unknown: the allowance assumes a long reply
+    assert primed().plan(remaining=100_000).drafter == "model"
+    short = primed().plan(remaining=16)
+    assert short.drafter is None and short.gamma == 0

@@ -81,7 +81,7 @@ class RoundController(Protocol):
 
     max_gamma: int
 
-    def plan(self, lookup: Sequence[int] = (), load: Load = NO_LOAD) -> Plan: ...
+    def plan(self, lookup: Sequence[int] = (), load: Load = NO_LOAD, remaining: int | None = None) -> Plan: ...
 
     def observe(
         self,
@@ -365,12 +365,13 @@ class Controller:
         """The curve of target decode costs this controller plans with (shared by an engine's sequences)."""
         return self._verify
 
-    def plan(self, lookup: Sequence[int] = (), load: Load = NO_LOAD) -> Plan:
+    def plan(self, lookup: Sequence[int] = (), load: Load = NO_LOAD, remaining: int | None = None) -> Plan:
         """``lookup``: what the lookup drafter proposes at this position (it is checked whatever the plan).
-        ``load``: what the other sequences put into the same decode. The choice then maximises the whole batch's
-        expected tokens per second: on a GPU, whose decode costs about the same up to many rows, a lone
-        sequence drafts long and a full batch does not; on a CPU, whose cost grows with every row, it barely
-        changes."""
+        ``load``: what the other sequences put into the same decode. ``remaining``: the most tokens the request
+        may still generate (its max_tokens left), which a draft model's catch-up has to be won back within.
+        The choice then maximises the whole batch's expected tokens per second: on a GPU, whose decode costs about
+        the same up to many rows, a lone sequence drafts long and a full batch does not; on a CPU, whose cost
+        grows with every row, it barely changes."""
         if self._lookup is not None:
             self._lookup.offer(lookup)
         curve = self._verify.curve(load.rows + self.max_gamma + 1)
@@ -381,7 +382,7 @@ class Controller:
         plain = _Option(None, 0, (1.0 + load.tokens) / seconds, 1.0 + load.tokens, seconds)
         best_draft: _Option | None = None
         for d, cap in caps.items():
-            option = self._option(d, range(1, cap + 1), curve, load=load)
+            option = self._option(d, range(1, cap + 1), curve, load=load, remaining=remaining)
             if option is not None and (best_draft is None or option.rate > best_draft.rate):
                 best_draft = option
         # Drafting must promise a margin over plain: the estimates are noisy, and the best of several noisy
@@ -475,13 +476,16 @@ class Controller:
         cost: float | None = None,
         alpha: float | None = None,
         load: Load = NO_LOAD,
+        remaining: int | None = None,
     ) -> _Option | None:
         """The fastest of drafting γ in ``gammas`` with ``drafter`` (None if its cost is unknown); ``alpha``
-        replaces a draft model's acceptance estimate. Rates are the batch's: ``load``'s tokens and seconds in."""
+        replaces a draft model's acceptance estimate. Rates are the batch's: ``load``'s tokens and seconds in.
+        ``remaining``: the request's tokens left, over which the allowed part of a catch-up is spread."""
         cost = self._draft_cost(drafter) if cost is None else cost
         if cost is None or not gammas:
             return None
         switch = 0.0
+        allowed = 0.0  # the part of the catch-up the allowance covers, spread over the tokens left
         if drafter == LOOKUP:  # checked every round, so it never sits out and has nothing to catch up
             assert self._lookup is not None
             # E[tokens] = the target's own token + each drafted token's chance to be reached and accepted.
@@ -493,12 +497,18 @@ class Controller:
             if st.gap > 2:
                 # Back after sitting out: the catch-up beyond the allowance (see the module doc) is charged to
                 # this round, so a drafter dear to bring back is not switched to on a marginal estimate.
-                excess = max((st.catchup.value or 0.0) - self.catchup_allowance * curve[1], 0.0)
+                per_token = st.catchup.value or 0.0
+                excess = max(per_token - self.catchup_allowance * curve[1], 0.0)
                 switch = st.gap * excess
+                if remaining is not None:
+                    # The allowance assumes a long generation to win it back in. A request with few tokens left
+                    # (a prompt of 500 tokens the draft model has to prefill, 64 to generate) pays it in full over
+                    # those: each round its share, as if the draft model drafted from here to the end.
+                    allowed = st.gap * min(per_token, self.catchup_allowance * curve[1]) / max(remaining, 1)
         best = None
         for gamma in gammas:
             tokens = float(expected[gamma]) + load.tokens
-            seconds = curve[load.rows + gamma + 1] + gamma * cost + switch + load.seconds
+            seconds = curve[load.rows + gamma + 1] + gamma * cost + switch + allowed * expected[gamma] + load.seconds
             if best is None or tokens / seconds > best[0]:
                 best = (tokens / seconds, gamma, tokens, seconds)
         assert best is not None
@@ -596,8 +606,9 @@ class FixedController:
         if 1 in verify:
             self._plain.add(verify[1])
 
-    def plan(self, lookup: Sequence[int] = (), load: Load = NO_LOAD) -> Plan:
-        """The fixed plan, whatever the load; only the decode's row budget (``load.room``) can shorten it."""
+    def plan(self, lookup: Sequence[int] = (), load: Load = NO_LOAD, remaining: int | None = None) -> Plan:
+        """The fixed plan, whatever the load and the tokens left; only the decode's row budget (``load.room``) can
+        shorten it."""
         if load.room <= self.gamma:
             gamma = min(len(lookup), load.room - 1) if self.drafter == LOOKUP else load.room - 1
             if gamma <= 0:

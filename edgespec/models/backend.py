@@ -7,9 +7,10 @@ tokens is one ``llama_decode`` whose output buffer holds γ+1 rows, never n_ctx 
 
 What a decode hands back per row is a :class:`~edgespec.sampling.Readout`: whole logits rows, or only what
 sampling needs, selected inside llama.cpp's decode graph by a backend sampler chain on sequence 0 (each row's
-argmax, or its top-k tokens with their logits). A GPU then copies k numbers a row instead of 150k, and the CPU side
-never touches a vocabulary-sized array. The chain is swapped only when the readout changes (llama.cpp then
-re-plans its compute graph once), which is per request at most.
+argmax, or its top-k tokens with their logits; with log-probabilities, also the row's softmax normaliser). A GPU
+then copies k numbers a row instead of 150k, and the CPU side never touches a vocabulary-sized array. The chain is
+swapped only when the readout changes (llama.cpp then re-plans its compute graph once), which is per request at
+most.
 """
 
 from __future__ import annotations
@@ -301,9 +302,15 @@ def _log_norm_graph(_smpl, ctx, _graph, data) -> None:
 
 
 _i = llama_cpp
+# The name is a static C string: a Python callback typed to return char* would hand out a converted bytes object
+# (ctypes warns "memory leak in callback function"), so it returns the buffer's address, typed as a pointer.
+_LOG_NORM_NAME = ctypes.create_string_buffer(b"edgespec-log-norm")
+_name_address = ctypes.CFUNCTYPE(ctypes.c_void_p, _i.llama_sampler_p_ctypes)(
+    lambda _smpl: ctypes.addressof(_LOG_NORM_NAME)
+)
 # The interface lives as long as the module: llama.cpp keeps a pointer to it in every sampler made from it.
 _LOG_NORM_CALLBACKS = (
-    _i.llama_sampler_i_name(lambda _smpl: b"edgespec-log-norm"),
+    ctypes.cast(_name_address, _i.llama_sampler_i_name),
     _i.llama_sampler_i_apply(lambda _smpl, _cur: None),  # required; never called while the chain runs in-graph
     _i.llama_sampler_i_backend_init(lambda _smpl, _buft, _n_max: True),
     _i.llama_sampler_i_backend_apply(_log_norm_graph),
