@@ -340,7 +340,9 @@ def test_loop_cost_with_penalties_and_logprobs_runs_them_side_by_side(tiny_model
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)
     assert [r["run"] for r in rows] == ["plain T=0", "plain T=0 +penalties+logprobs"]
-    assert rows[1]["sampling_path"] == "numpy on full rows"  # logprobs read whole rows
+    # Logprobs read the candidates (the penalised top-1 lies within the raw top 1 + 64) and each row's normaliser
+    # from llama.cpp's graph, not whole rows.
+    assert rows[1]["sampling_path"] == "top-65 in llama.cpp, rest in Python (log-normaliser in llama.cpp)"
 
 
 # ----- many requests at once ------------------------------------------------------------------------------------
