@@ -1,8 +1,9 @@
 """``edgespec bench --concurrency 1,2,4``: the suite's prompts sent by N clients at once, per strategy.
 
 For each concurrency level N, each strategy gets one engine with N lanes on the same loaded models (loaded for the
-largest N) and a warm-up request; then, for each task class, N client threads take the class's prompts (repeated
-until there are at least N) from a shared list, one request after another, as a closed loop. Every cache is
+largest N) and warm-up requests (one per readout the runs use, so that auto's cost calibration is not timed); then,
+for each task class, N client threads take the class's prompts (repeated until there are at least 2N, two waves,
+at N > 1) from a shared list, one request after another, as a closed loop. Every cache is
 emptied before each run, so that the time to first token includes the prompt's prefill for every strategy and
 peer alike. Reported per (level, class, strategy): total tok/s (tokens over the run's wall time), per-request tok/s
 (each request's tokens over its own time from first token to last), time to first token p50/p95 (from the
@@ -182,6 +183,11 @@ def run_load_bench(
         )
     records: list[LoadRecord] = []
     warm = _replace(params, max_tokens=WARMUP_TOKENS)
+    # A warm-up per way of reading the verify's rows that the runs will use (a constrained reply reads top-k
+    # candidates where a greedy one reads the argmax): auto calibrates its decode costs once per readout, ~5 s
+    # that a server pays once per machine (its cost cache keeps them) and a timed run must not.
+    all_jobs = [job for jobs in prompts.values() for job in jobs]
+    warmups = [all_jobs[0], *[job for job in all_jobs if job[1] is not None][:1]]
     for level in levels:
         if level > target.n_seq:
             raise EdgespecError(f"concurrency {level}: the models were loaded for {target.n_seq} sequences")
@@ -201,13 +207,17 @@ def run_load_bench(
                     server = LlamaServer(binary, target, draft if with_draft else None, level)
                     servers.append(server)
                     runners[name] = server.runner()
-            for runner in runners.values():  # first calls pay one-off costs (and auto's calibration)
-                _clear(target, draft)
-                first = next(iter(prompts.values()))[0]
-                closed_loop(runner, [first] * level, level, warm)
+            for name, runner in runners.items():  # first calls pay one-off costs (and auto's calibration)
+                for job in warmups if name not in (PEER_PLAIN, PEER_DRAFT) else warmups[:1]:
+                    _clear(target, draft)
+                    closed_loop(runner, [job] * level, level, warm)
             for i, task in enumerate(tasks):
                 jobs = prompts[task.name]
-                jobs = (jobs * -(-level // len(jobs)))[: max(level, len(jobs))]
+                # At N > 1 two waves at least: a class's first N requests start together and all wait for their
+                # prefills, the next ones join requests in rounds, as a server's do; a single wave's total is
+                # decided by its slowest prefill (runs of it moved by 15-40 %).
+                want = max(len(jobs), level if level == 1 else 2 * level)
+                jobs = (jobs * -(-want // len(jobs)))[:want]
                 order = list(runners)[i % len(runners) :] + list(runners)[: i % len(runners)]
                 for name in order:
                     if task.name in peerless and name in (PEER_PLAIN, PEER_DRAFT):

@@ -21,7 +21,7 @@ import numpy as np
 
 from edgespec.constraint import Constraint, Mask
 from edgespec.drafters.base import Draft, Drafter
-from edgespec.drafters.controller import Load, Plan, RoundController
+from edgespec.drafters.controller import NO_LOAD, Load, Plan, RoundController
 from edgespec.drafters.lookup import LookupDrafter
 from edgespec.drafters.model import Drafting, ModelDrafter
 from edgespec.events import Chunk, Event, Finished, FinishReason, Span, Stats, TokenLogprob
@@ -196,12 +196,17 @@ class Generation:
             if constraint is not None:  # what the constraint forbids would be rejected for certain
                 lookup_draft = Draft(lookup_draft.tokens[: constraint.valid_prefix(lookup_draft.tokens)], None)
         plan = self.controller.plan(lookup_draft.tokens, load, remaining=room)
-        forced = constraint.forced(max_len) if constraint is not None and max_len > 0 else []
+        every_forced = constraint.forced(max_len) if constraint is not None and max_len > 0 else []
+        # Sure to be accepted, but each is a row of the decode: as many as pay in this batch.
+        forced = every_forced[: self.controller.certain_len(len(every_forced), load)] if every_forced else []
         self.n_forced = len(forced)
         if forced:  # free to propose and sure to be accepted: nothing drafts what the constraint already decides
             found = lookup_draft.tokens
-            if len(found) > len(forced) and found[: len(forced)] == forced:
-                forced = found  # lookup's proposal goes on past them (into a value it copies): verified as well
+            # Past them, lookup's proposal is a draft like any other: alone it rides along (it costs the decode
+            # little), beside other requests only where the controller chose lookup.
+            if forced == every_forced and (load is NO_LOAD or plan.drafter == "lookup"):
+                if len(found) > len(forced) and found[: len(forced)] == forced:
+                    forced = found  # lookup's proposal goes on past them (into a value it copies): verified as well
             plan = Plan(FORCED, len(forced), f"{self.n_forced} forced by the {constraint.grammar.describe()}",
                         expected=self.n_forced + 1.0)  # fmt: skip
         gamma = min(plan.gamma, max_len)

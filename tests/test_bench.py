@@ -368,7 +368,8 @@ def test_cli_bench_concurrency_json(tiny_model_path: Path) -> None:
         (1, "plain"), (1, "draft-2"), (1, "auto"), (2, "plain"), (2, "draft-2"), (2, "auto"), (2, "auto-serial"),
     ]  # fmt: skip
     for r in records:
-        assert len(r["requests"]) == max(r["level"], 1)  # one prompt, repeated to fill the level
+        # one prompt, repeated to fill the level: one wave alone, two waves at N > 1
+        assert len(r["requests"]) == (1 if r["level"] == 1 else 2 * r["level"])
         assert 0 < r["generated"] <= 8 * len(r["requests"])
         assert r["ttft_p50"] is not None and 0 < r["ttft_p50"] <= r["ttft_p95"] <= r["wall"]
         assert r["total_tokens_per_second"] > 0 and r["sampling_path"] == "argmax in llama.cpp"
@@ -449,5 +450,34 @@ def test_llama_server_on_path_runs_as_a_peer_at_each_level(tiny_model_path: Path
     by = {r.strategy: r for r in records}
     assert set(by) == {"plain", "llama-server", "llama-server-draft"}
     peer, drafting = by["llama-server"], by["llama-server-draft"]
-    assert len(peer.requests) == 2 and all(q.generated == 6 and q.first is not None for q in peer.requests)
+    assert len(peer.requests) == 4 and all(q.generated == 6 and q.first is not None for q in peer.requests)
     assert peer.acceptance is None and drafting.acceptance == pytest.approx(0.75)
+
+
+@pytest.mark.real
+def test_the_load_bench_calibrates_every_readout_before_its_timed_runs(tiny_model_path: Path, monkeypatch) -> None:
+    """A constrained class reads top-k candidates where greedy reads the argmax: auto calibrates each readout once
+    (seconds of decodes), and the warm-ups, not a timed run's first request, must pay for it."""
+    from edgespec.bench_load import run_load_bench
+    from edgespec.engine import Engine
+    from edgespec.models.backend import Model
+
+    measured: list[str] = []
+    original = Engine._measure_costs
+
+    def counting(self, lane, ctx, max_gamma, readout):  # noqa: ANN001, ANN202
+        measured.append(readout.kind)
+        return original(self, lane, ctx, max_gamma, readout)
+
+    monkeypatch.setattr(Engine, "_measure_costs", counting)
+    tasks = load_tasks(["code-edit", "structured"], prompts_per_task=1)
+    seen_at_runs: list[list[str]] = []
+    params = SamplingParams(temperature=0, max_tokens=4)
+    with Model(tiny_model_path, n_ctx=1024, n_seq=2) as target:
+        records, _ = run_load_bench(
+            target, None, tasks, ["auto"], params, [2], lookup_len=4, peers=False,
+            on_run=lambda record: seen_at_runs.append(list(measured)),
+        )  # fmt: skip
+    assert {r.task for r in records} == {"code-edit", "structured"}
+    assert sorted(set(measured)) == ["argmax", "top_k"]  # both readouts were calibrated...
+    assert all(seen == seen_at_runs[0] for seen in seen_at_runs)  # ...all of it before the first timed run

@@ -11,6 +11,7 @@ from edgespec.drafters.controller import (
     Acceptance,
     Controller,
     FixedController,
+    Load,
     Plan,
     VerifyCost,
     expected_tokens,
@@ -291,3 +292,17 @@ def test_a_draft_model_far_behind_is_not_caught_up_for_a_few_tokens_left():
     assert primed().plan(remaining=100_000).drafter == "model"
     short = primed().plan(remaining=16)
     assert short.drafter is None and short.gamma == 0
+
+
+def test_tokens_a_constraint_forces_go_in_as_far_as_the_batch_gains():
+    """Forced tokens are sure to be accepted, but each is a row. Alone every one pays (a wider decode costs less
+    than the steps it saves); in a batch whose next row is dear (a CPU's kernels past a block of 4 rows), none
+    does, and a fixed plan takes them all."""
+    ctl = Controller(["lookup"], max_gamma=8)
+    ctl.record_costs({1: 0.10, 2: 0.12, 3: 0.14, 4: 0.16, 5: 0.30, 6: 0.33, 7: 0.36}, {})
+    assert ctl.certain_len(3) == 3
+    assert ctl.certain_len(3, Load(rows=3, tokens=3.0, seconds=0.0, room=60)) == 0
+    assert ctl.certain_len(5, Load(rows=1, tokens=1.0, seconds=0.0, room=60)) == 2  # up to the 4-row block
+    assert ctl.certain_len(5, Load(rows=1, tokens=1.0, seconds=0.0, room=3)) == 2  # and within the decode's room
+    assert ctl.certain_len(5, Load(rows=1, tokens=1.0, seconds=0.0, room=2)) == 1
+    assert FixedController("lookup", 4).certain_len(3, Load(rows=3, tokens=3.0, room=60)) == 3
