@@ -463,9 +463,9 @@ class Controller:
 
     def certain_len(self, n: int, load: Load = NO_LOAD) -> int:
         """How many of ``n`` tokens that are sure to be accepted and free to propose (a constraint forces them) to
-        put into the decode: as many as raise the batch's tokens per second. Alone that is all of them (a wider
-        decode costs less than the steps it saves); in a full batch on a CPU, where each row adds most of a step
-        and the fixed part is already shared, it can be fewer, down to none."""
+        put into the decode: as many as raise the batch's tokens per second. Alone that is nearly always all of
+        them (a wider decode costs less than the steps it saves); in a full batch on a CPU, where each row adds most
+        of a step and the fixed part is already shared, it can be fewer, down to none."""
         n = max(min(n, load.room - 1), 0)
         curve = self._verify.curve(load.rows + n + 1)
         if curve is None or not n:
