@@ -204,9 +204,9 @@ class Generation:
             found = lookup_draft.tokens
             # Past them, lookup's proposal is a draft like any other: alone it rides along (it costs the decode
             # little), beside other requests only where the controller chose lookup.
-            if forced == every_forced and (load is NO_LOAD or plan.drafter == "lookup"):
-                if len(found) > len(forced) and found[: len(forced)] == forced:
-                    forced = found  # lookup's proposal goes on past them (into a value it copies): verified as well
+            rides_along = forced == every_forced and (load is NO_LOAD or plan.drafter == "lookup")
+            if rides_along and len(found) > len(forced) and found[: len(forced)] == forced:
+                forced = found  # lookup's proposal goes on past them (into a value it copies): verified as well
             plan = Plan(FORCED, len(forced), f"{self.n_forced} forced by the {constraint.grammar.describe()}",
                         expected=self.n_forced + 1.0)  # fmt: skip
         gamma = min(plan.gamma, max_len)

@@ -296,8 +296,8 @@ def test_a_draft_model_far_behind_is_not_caught_up_for_a_few_tokens_left():
 
 def test_tokens_a_constraint_forces_go_in_as_far_as_the_batch_gains():
     """Forced tokens are sure to be accepted, but each is a row. Alone every one pays (a wider decode costs less
-    than the steps it saves); in a batch whose next row is dear (a CPU's kernels past a block of 4 rows), none
-    does, and a fixed plan takes them all."""
+    than the steps it saves); in a batch whose next row is dear (here a decode past 4 rows costs almost twice as
+    much), none does, and a fixed plan takes them all."""
     ctl = Controller(["lookup"], max_gamma=8)
     ctl.record_costs({1: 0.10, 2: 0.12, 3: 0.14, 4: 0.16, 5: 0.30, 6: 0.33, 7: 0.36}, {})
     assert ctl.certain_len(3) == 3
