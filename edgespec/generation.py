@@ -195,7 +195,8 @@ class Generation:
             lookup_draft = self.lookup.propose(self.ctx, max_len, params, None)
             if constraint is not None:  # what the constraint forbids would be rejected for certain
                 lookup_draft = Draft(lookup_draft.tokens[: constraint.valid_prefix(lookup_draft.tokens)], None)
-        plan = self.controller.plan(lookup_draft.tokens, load, remaining=room)
+        agreement = self.lookup.last_agreement if lookup_draft.tokens and self.lookup is not None else 0
+        plan = self.controller.plan(lookup_draft.tokens, load, remaining=room, agreement=agreement)
         every_forced = constraint.forced(max_len) if constraint is not None and max_len > 0 else []
         # Sure to be accepted, but each is a row of the decode: as many as pay in this batch.
         forced = every_forced[: self.controller.certain_len(len(every_forced), load)] if every_forced else []

@@ -77,6 +77,23 @@ def test_no_match_proposes_nothing(context):
     assert drafter.last_ngram == 0
 
 
+def test_agreement_counts_the_tokens_before_the_match_that_also_agree():
+    # The 4-gram 2 3 4 5 matches its earlier occurrence; the token before it there is 1, here 8: no agreement.
+    context = [9, 1, 2, 3, 4, 5, 0, 8, 2, 3, 4, 5]
+    drafter = fresh(context)
+    assert propose(drafter, context) and drafter.last_ngram == 4 and drafter.last_agreement == 0
+    context = [7, 6, 1, 2, 3, 4, 5, 0, 0, 6, 1, 2, 3, 4, 5]
+    drafter = fresh(context)  # here "6 1" before the 4-gram agrees with "6 1" there, "0" with "7" does not
+    assert propose(drafter, context)[:1] == [0] and drafter.last_agreement == 2
+    # A copy of a long text agrees as far back as the cap.
+    text = list(range(100, 300))
+    drafter = fresh(text + text[:150])
+    assert propose(drafter, text + text[:150]) == text[150:158]
+    assert drafter.last_agreement == 64
+    # No proposal, no agreement.
+    assert propose(drafter, [1, 2, 3]) == [] and drafter.last_agreement == 0
+
+
 def test_min_n_one_matches_single_tokens():
     assert propose(fresh([1, 2, 1, 3], min_n=1), [1, 2, 1, 3]) == []
     assert propose(fresh([1, 2, 3, 1], min_n=1), [1, 2, 3, 1], 4) == [2, 3, 1, 2]
@@ -101,7 +118,7 @@ def test_incremental_index_equals_brute_force(seed):
     max_n = min_n + int(rng.integers(0, 4))
     alphabet = int(rng.integers(2, 6))
     tokens = rng.integers(0, alphabet, size=int(rng.integers(0, 20))).tolist()
-    drafter = LookupDrafter(min_n, max_n)
+    drafter = LookupDrafter(min_n, max_n, learn_substitutions=False)  # the spec has none
     drafter.reset(tokens)
     while len(tokens) < 150:
         tokens = tokens + rng.integers(0, alphabet, size=int(rng.integers(1, 6))).tolist()
@@ -128,7 +145,7 @@ def test_accepts_numpy_context():
 def test_reset_reuses_a_shared_prefix_and_handles_unrelated_contexts(seed):
     rng = np.random.default_rng(seed)
     first = rng.integers(0, 3, size=80).tolist()
-    drafter = fresh(first[:30])
+    drafter = fresh(first[:30], learn_substitutions=False)  # the spec has none
     drafter.commit(first)  # a request that generated 50 tokens
     shared = int(rng.integers(0, 81))
     cases = {
@@ -153,3 +170,69 @@ def test_commit_that_shrinks_or_rewrites_the_last_token_is_reconciled():
     assert propose(drafter, [1, 2, 3, 4, 1, 9, 9, 1, 2], 7) == [3, 4, 1, 9, 9, 1, 2]
     drafter.commit([1, 2, 3])
     assert drafter._index == fresh([1, 2, 3])._index
+
+
+# ----- substitutions: one-token edits made throughout -------------------------------------------------------
+X, Y = 7, 8  # the source writes X; the output renames it to Y
+SOURCE = [20, 21, 22, X, 23, 24, 25, 26, X, 27, 28, 29, 30, 31, X, 32, 33, 34]
+
+
+def write(drafter: LookupDrafter, context: list[int], tokens: list[int]) -> list[list[int]]:
+    """Commit ``tokens`` one at a time, as plain rounds do, asking for a proposal before each; return them."""
+    proposals = []
+    for tok in tokens:
+        proposals.append(propose(drafter, context, 6))
+        context.append(tok)
+        drafter.commit(context)
+    return proposals
+
+
+def test_a_rename_is_learned_once_the_copy_resumes_and_then_proposed():
+    prompt = [1, *SOURCE, 2]
+    renamed = [Y if t == X else t for t in SOURCE]
+    drafter = fresh(prompt)
+    context = list(prompt)
+    proposals = write(drafter, context, renamed[:6])  # 20 21 22 Y 23 24: Y where X was, then the copy goes on
+    assert proposals[3][0] == X  # before: the source's token
+    assert drafter.substitutions == {X: Y}
+    proposals = write(drafter, context, renamed[6:])
+    # The next X of the source is proposed as Y: the copy goes through it.
+    assert proposals[0] == [25, 26, Y, 27, 28, 29]
+    # Renamed twice, it is a rule of this output: the text before a match agrees through it. Here the match is
+    # the source's last tokens 32 33 34 (the 4-gram Y 32 33 34 is not in the source), and all of the copy before
+    # it agrees, the renamed tokens included.
+    assert propose(drafter, context, 1) == [2] and drafter.last_ngram == 3
+    assert drafter.last_agreement == len(SOURCE) - 3
+
+
+def test_a_substitution_the_output_does_not_make_again_is_dropped():
+    prompt = [1, *SOURCE, 2]
+    drafter = fresh(prompt)
+    context = list(prompt)
+    write(drafter, context, [20, 21, 22, Y, 23, 24, 25])
+    assert drafter.substitutions == {X: Y}
+    write(drafter, context, [26, X, 27])  # this time it kept X
+    assert drafter.substitutions == {}
+
+
+def test_an_insertion_or_a_copy_that_ends_teaches_nothing():
+    prompt = [1, *SOURCE, 2]
+    drafter = fresh(prompt)
+    context = list(prompt)
+    write(drafter, context, [20, 21, 22, 99, X, 23, 24, 25])  # a token inserted: the copy resumes one place later
+    write(drafter, context, [40, 41, 42, 43])  # new text
+    assert drafter.substitutions == {}
+
+
+def test_substitutions_end_with_the_request_and_can_be_turned_off():
+    prompt = [1, *SOURCE, 2]
+    drafter = fresh(prompt)
+    context = list(prompt)
+    write(drafter, context, [20, 21, 22, Y, 23, 24, 25])
+    assert drafter.substitutions
+    drafter.reset(prompt)
+    assert drafter.substitutions == {}
+    off = fresh(prompt, learn_substitutions=False)
+    context = list(prompt)
+    write(off, context, [20, 21, 22, Y, 23, 24, 25, 26])
+    assert off.substitutions == {} and propose(off, context, 1) == [X]

@@ -10,7 +10,7 @@ import pytest
 
 from edgespec.drafters.controller import Controller, FixedController
 from edgespec.drafters.controller_sim import lookup_ceiling, replay
-from edgespec.drafters.lookup_forecast import LookupForecast, run_bucket
+from edgespec.drafters.lookup_forecast import LookupForecast, agreement_bucket
 
 # Decode cost of b tokens in single steps on the 2-core dev CPU (`edgespec bench --costs`, b = 1..17): not
 # smooth, a 16-token decode is cheaper than a 15-token one.
@@ -27,11 +27,11 @@ def cpu_controller() -> Controller:
     return ctl
 
 
-def test_run_buckets_are_logarithmic():
-    assert [run_bucket(r) for r in (0, 1, 2, 3, 4, 7, 8, 15, 16)] == [0, 1, 2, 2, 3, 3, 4, 4, 5]
+def test_agreement_buckets_are_logarithmic():
+    assert [agreement_bucket(r) for r in (0, 1, 2, 3, 4, 7, 8, 15, 16)] == [0, 1, 2, 2, 3, 3, 4, 4, 5]
 
 
-def test_before_evidence_a_longer_run_promises_more():
+def test_before_evidence_a_firmer_anchor_promises_more():
     f = LookupForecast(8)
     hazards = [f.hazard(b) for b in range(6)]
     for low, high in zip(hazards, hazards[1:], strict=False):
@@ -39,20 +39,33 @@ def test_before_evidence_a_longer_run_promises_more():
     assert hazards[0][0] == pytest.approx(1 / 3)  # (0 + 1) / (0 + 1 + 2): a fresh match is a guess
 
 
-def test_run_grows_with_right_proposals_and_ends_at_a_wrong_one():
-    f = LookupForecast(8)
-    f.offer([5, 6, 7])
-    f.commit([5])  # a plain round: the proposal's first token was right
-    assert f.run == 1
-    f.offer([6, 7, 8])
-    f.commit([6, 7, 8, 9])  # the proposal ran out before the round did: the run goes on
-    assert f.run == 4
-    f.offer([10, 11])
-    f.commit([10, 12])  # second token wrong
-    assert f.run == 0
-    f.offer([])
-    f.commit([13])
-    assert f.run == 0  # nothing proposed: no run
+def test_evidence_goes_to_the_bucket_of_the_proposals_agreement():
+    f = LookupForecast(4, decay=1.0, prior_weight=1e-9)
+    for _ in range(10):
+        f.offer([1, 2], agreement=0)  # a bare match: wrong
+        f.commit([3])
+        f.offer([4, 5], agreement=12)  # anchored by 12 agreeing tokens: right
+        f.commit([4, 5])
+    assert f.hazard(agreement_bucket(0))[0] == pytest.approx(0.0, abs=1e-6)
+    assert f.hazard(agreement_bucket(12))[:2] == pytest.approx([1.0, 1.0])
+    assert f.hazard(agreement_bucket(1)) == pytest.approx(f._prior[1])  # no evidence there: the prior
+    f.offer([4, 5], agreement=9)  # the same bucket as 12: its evidence says a draft of 2 goes through
+    assert f.survival(2) == pytest.approx([1.0, 1.0])
+    f.commit([4])
+    f.offer([4, 5], agreement=1 << 20)  # beyond the cap: the top bucket
+    assert f.survival(1) == pytest.approx(f._prior[-1][:1])
+
+
+def test_each_token_counts_as_soon_as_it_is_committed():
+    # A long proposal that goes on being right says so token by token, not only once it is settled: while a copy
+    # runs, the evidence that it runs is what the next rounds' plans need.
+    f = LookupForecast(8, decay=1.0, prior_weight=1e-9)
+    f.offer(list(range(10, 18)))
+    for tok in (10, 11, 12):
+        f.commit([tok])
+        f.offer([])
+    assert f.hazard(0)[:3] == pytest.approx([1.0, 1.0, 1.0])
+    assert f.hazard(0)[3] == pytest.approx(f._prior[0][3])  # not yet tested
 
 
 def test_a_proposal_is_settled_over_several_rounds():
@@ -77,7 +90,6 @@ def test_reset_drops_pending_proposals_but_keeps_evidence():
     f.offer([1, 2, 3])
     f.reset()
     f.commit([1, 2, 3])  # would have settled the dropped proposal
-    assert f.run == 0
     assert f.hazard(0) == pytest.approx(before)
 
 
@@ -94,7 +106,6 @@ def test_sampled_acceptance_is_estimated_without_bias():
         f.offer(proposal)
         f.commit([stream])
         stream += 1
-        f.run = 0  # keep every proposal in one bucket
     h = f.hazard(0)
     for k in range(4):
         assert h[k] == pytest.approx(0.7, abs=0.04)
@@ -192,8 +203,10 @@ def test_replay_on_recorded_qwen_generations():
     for task in speedup:
         assert speedup[task] >= 0.99, (task, speedup[task])  # where nothing is copied, it stays plain
         assert speedup[task] <= ceiling[task] + 1e-9
-    for task in ("code-edit", "summarize", "translate"):  # where answers copy: at least 40% of what is there
-        assert speedup[task] - 1 >= 0.4 * (ceiling[task] - 1), (task, speedup[task], ceiling[task])
+    # Where answers copy: half of what is there (the run state of the forecast took 46 % and 43 % of code edits' and
+    # summaries' ceilings here, the agreement 53 % and 51 %), and most of translations' short copies.
+    for task, share in (("code-edit", 0.5), ("summarize", 0.5), ("translate", 0.7)):
+        assert speedup[task] - 1 >= share * (ceiling[task] - 1), (task, speedup[task], ceiling[task])
     assert speedup["code-edit"] > 1.15 and speedup["summarize"] > 1.15
 
 
@@ -204,7 +217,6 @@ def test_faded_counts_stay_finite_over_a_long_session():
     for _ in range(400):  # 0.5 ** 400 ~ 1e-120: the fold happens
         f.offer([7])
         f.commit([7])  # right at position 1
-        f.run = 0  # keep every proposal in one bucket
     assert 1e-100 <= f._scale <= 1.0
     # Each round fades the evidence by half and adds a hit: 2 trials and 2 hits in the steady state.
     assert f.hazard(0)[0] == pytest.approx((2 + 1 / 3) / (2 + 1))

@@ -23,7 +23,7 @@ them lose. Two things keep them alive:
 Prompt lookup is different on both counts: it costs nothing to ask and is deterministic, so its proposal is
 checked against the committed tokens every round, drafted or not (:mod:`edgespec.drafters.lookup_forecast`). It needs no
 exploration, and its estimate is not one α but the probability that the first k proposed tokens are all accepted,
-by the state of the text (how many tokens in a row the proposals have predicted). On a CPU, where
+by how firmly the proposal is anchored (how far the text before its match agrees). On a CPU, where
 a verify of b tokens costs ~b single steps, a long draft pays only where acceptance is near 1, and this is what
 tells those rounds apart.
 
@@ -81,7 +81,9 @@ class RoundController(Protocol):
 
     max_gamma: int
 
-    def plan(self, lookup: Sequence[int] = (), load: Load = NO_LOAD, remaining: int | None = None) -> Plan: ...
+    def plan(
+        self, lookup: Sequence[int] = (), load: Load = NO_LOAD, remaining: int | None = None, agreement: int = 0
+    ) -> Plan: ...
 
     def observe(
         self,
@@ -367,15 +369,18 @@ class Controller:
         """The curve of target decode costs this controller plans with (shared by an engine's sequences)."""
         return self._verify
 
-    def plan(self, lookup: Sequence[int] = (), load: Load = NO_LOAD, remaining: int | None = None) -> Plan:
-        """``lookup``: what the lookup drafter proposes at this position (it is checked whatever the plan).
+    def plan(
+        self, lookup: Sequence[int] = (), load: Load = NO_LOAD, remaining: int | None = None, agreement: int = 0
+    ) -> Plan:
+        """``lookup``: what the lookup drafter proposes at this position (it is checked whatever the plan);
+        ``agreement``: how firmly it is anchored (:attr:`~edgespec.drafters.lookup.LookupDrafter.last_agreement`).
         ``load``: what the other sequences put into the same decode. ``remaining``: the most tokens the request
         may still generate (its max_tokens left), which a draft model's catch-up has to be won back within.
         The choice then maximises the whole batch's expected tokens per second: on a GPU, whose decode costs about
         the same up to many rows, a lone sequence drafts long and a full batch does not; on a CPU, whose cost
         grows with every row, it barely changes."""
         if self._lookup is not None:
-            self._lookup.offer(lookup)
+            self._lookup.offer(lookup, agreement)
         curve = self._verify.curve(load.rows + self.max_gamma + 1)
         if curve is None or self._verify.measured(1) is None:
             return Plan(None, 0, "measuring the plain decode cost")
@@ -624,7 +629,9 @@ class FixedController:
         if 1 in verify:
             self._plain.add(verify[1])
 
-    def plan(self, lookup: Sequence[int] = (), load: Load = NO_LOAD, remaining: int | None = None) -> Plan:
+    def plan(
+        self, lookup: Sequence[int] = (), load: Load = NO_LOAD, remaining: int | None = None, agreement: int = 0
+    ) -> Plan:
         """The fixed plan, whatever the load and the tokens left; only the decode's row budget (``load.room``) can
         shorten it."""
         if load.room <= self.gamma:

@@ -93,13 +93,16 @@ def simulate(
     rng = np.random.default_rng(seed)
     result = SimResult()
     gap: dict[str, int] = {}  # tokens each drafter missed since it last ran
+    # Lookup's agreement (see LookupDrafter.last_agreement): in a copy, the text before the match agrees for as
+    # long as the copy has gone on, i.e. for as many tokens in a row as the proposals predicted.
+    streak = 0
     while result.tokens < n_tokens:
         at = result.tokens
         found = lookup_len(at, rng) if callable(lookup_len) else lookup_len
         alphas = alpha(at) if callable(alpha) else alpha
         right = _accepted(rng, alphas.get(LOOKUP, 0.0), found)
         proposal = list(range(at, at + right)) + [WRONG] * (found - right)
-        plan = controller.plan(proposal)
+        plan = controller.plan(proposal, agreement=streak if found else 0)
         d = plan.drafter
         gamma = min(plan.gamma, found) if d == LOOKUP else plan.gamma
         if d == LOOKUP:
@@ -126,6 +129,8 @@ def simulate(
         for other in profile.draft:
             if other != d:
                 gap[other] = gap.get(other, 0) + accepted + 1
+        # The committed tokens are at, at + 1, ...: the proposal predicted its first `right` of them.
+        streak = streak + accepted + 1 if found and right >= min(found, accepted + 1) else 0
         result.tokens += accepted + 1
         result.seconds += t_draft + t_verify
     return result
@@ -198,7 +203,7 @@ def replay(
         at = result.tokens
         room = n - at
         proposal = lookup.propose(context, min(controller.max_gamma, room - 1)).tokens
-        plan = controller.plan(proposal)
+        plan = controller.plan(proposal, agreement=lookup.last_agreement)
         if plan.drafter not in (None, LOOKUP):
             raise ValueError(f"replay has no {plan.drafter!r} drafter")
         gamma = min(plan.gamma, len(proposal))

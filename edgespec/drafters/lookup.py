@@ -9,11 +9,20 @@ the positions ``e`` where it ended and a token followed (the n-gram is ``tokens[
 starts at ``tokens[e]``). Positions are appended in increasing order, so the last one is the most recent
 occurrence, and removing a suffix of the text (a new request that shares only part of the last one's context)
 pops exactly the entries it added. Each committed token is indexed once.
+
+An edit that changes one token throughout (a rename, an indentation width) breaks every copy at each place the
+token occurs. So the drafter watches the copy its last proposal came from: where the output wrote ``y`` in place
+of the source's ``x`` and then went on copying (:data:`RESUME_TO_CONFIRM` tokens), it learns the *substitution*
+``x -> y`` and writes ``y`` for ``x`` in later proposals; a substitution the output does not follow once is
+dropped. (Replayed on recorded Qwen answers to a rename, a re-indent and an added parameter at two decode cost
+curves measured on the 2-core dev CPU, lookup under the controller went from 1.24x to 1.32x and from 1.32x to 1.39x
+plain; on the bench's other classes it moved by under 1 %.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -21,6 +30,19 @@ from edgespec.drafters.base import Draft
 from edgespec.sampling import SamplingParams, Uniforms
 
 NGram = tuple[int, ...]
+AGREEMENT_CAP = 64  # how far back last_agreement compares: a longer agreement says nothing more
+RESUME_TO_CONFIRM = 2  # tokens the copy must go on for after a changed one before the change counts as a substitution
+MAX_SUBSTITUTIONS = 32  # an edit changes a few tokens throughout, not dozens
+
+
+@dataclass
+class _Copy:
+    """The copy being watched: the output at position q is checked against the text at ``q - offset``."""
+
+    offset: int
+    since: int  # the first output position not yet checked
+    changed: tuple[int, int] | None = None  # (there, here): a token the output changed, if the copy may resume
+    resumed: int = 0  # tokens copied again since
 
 
 class LookupDrafter:
@@ -28,24 +50,36 @@ class LookupDrafter:
 
     ``min_n``/``max_n`` bound the n-gram length (llama.cpp's n-gram cache uses 1..4). The default skips
     1-grams: a single repeated token (a bracket, a space) predicts its successor poorly, and a rejected draft
-    still widens the verify, which on a CPU costs about half a decode per token.
+    still widens the verify, which on a CPU costs about half a decode per token. ``learn_substitutions``: watch
+    the copies for one-token edits made throughout (see the module docstring).
     """
 
     name = "lookup"
 
-    def __init__(self, min_n: int = 2, max_n: int = 4) -> None:
+    def __init__(self, min_n: int = 2, max_n: int = 4, *, learn_substitutions: bool = True) -> None:
         if not 1 <= min_n <= max_n:
             raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         self.min_n = min_n
         self.max_n = max_n
+        self.learn_substitutions = learn_substitutions
         self.last_ngram = 0  # n of the match behind the last proposal (0: none), for diagnostics and tests
+        # How many tokens before that n-gram also agree with the text before its earlier occurrence (at most
+        # AGREEMENT_CAP): 0 where the match may be a coincidence, many where the output is copying that place.
+        self.last_agreement = 0
+        self.substitutions: dict[int, int] = {}  # source token -> the token this output writes for it
+        self._repeated: set[int] = set()  # the substitutions' source tokens the output has substituted again since
+        self._copy: _Copy | None = None
         self._tokens: list[int] = []  # what the index covers
         # _index[n - min_n][ngram] = ascending ends e with tokens[e-n:e] == ngram and e < len(tokens)
         self._index: list[dict[NGram, list[int]]] = [{} for _ in range(min_n, max_n + 1)]
 
     # ----- the Drafter protocol -----------------------------------------------------------------------------
     def reset(self, context: Sequence[int]) -> None:
-        """Keep the index of the prefix shared with the last context, drop the rest, index the new tail."""
+        """Keep the index of the prefix shared with the last context, drop the rest, index the new tail. What
+        the last output was substituting ends with it."""
+        self.substitutions.clear()
+        self._repeated.clear()
+        self._copy = None
         tokens = _as_list(context)
         keep = _common_prefix_len(self._tokens, tokens)
         self._truncate(keep)
@@ -59,11 +93,11 @@ class LookupDrafter:
         rng: Uniforms | None = None,
     ) -> Draft:
         """``max_len`` tokens that followed the latest earlier occurrence of the longest suffix n-gram (periodic past
-        the end of the text).
+        the end of the text), each through the substitutions learned.
 
         ``params`` and ``rng`` are unused: the proposal is deterministic; the verifier treats it as one-hot.
         """
-        self.last_ngram = 0
+        self.last_ngram = self.last_agreement = 0
         if max_len <= 0:
             return Draft.empty()
         self._sync(context)
@@ -77,7 +111,13 @@ class LookupDrafter:
                 # Where the copy reaches the end of the text, the text is repeating with period end - e: go on
                 # around the loop (a model stuck in a loop, a table's rows) instead of stopping there.
                 period = end - e
-                return Draft([tokens[e + i % period] for i in range(max_len)], None)
+                subs = self.substitutions
+                self.last_agreement = _agreement(tokens, e - n, end - n, subs, self._repeated)
+                if self.learn_substitutions and (self._copy is None or self._copy.changed is None):
+                    # (a change waits for its copy to resume)
+                    self._copy = _Copy(offset=period, since=end)
+                copied = [tokens[e + i % period] for i in range(max_len)]
+                return Draft([subs.get(t, t) for t in copied] if subs else copied, None)
         return Draft.empty()
 
     def commit(self, context: Sequence[int]) -> None:
@@ -103,8 +143,37 @@ class LookupDrafter:
         for e in range(start, len(tokens)):
             for n in range(self.min_n, min(self.max_n, e) + 1):
                 self._index[n - self.min_n].setdefault(tuple(tokens[e - n : e]), []).append(e)
+        if self._copy is not None:
+            self._watch(self._copy)
+
+    def _watch(self, copy: _Copy) -> None:
+        """Check the newly committed tokens against the copy: learn or drop substitutions, or let the copy go."""
+        tokens, subs = self._tokens, self.substitutions
+        for q in range(copy.since, len(tokens)):
+            there, here = tokens[q - copy.offset], tokens[q]
+            if copy.changed is None:
+                if here == subs.get(there, there):
+                    if here != there:
+                        self._repeated.add(there)
+                    continue
+                if here == there:  # a substitution this output did not make here: not a rule of it
+                    del subs[there]
+                    self._repeated.discard(there)
+                    continue
+                copy.changed, copy.resumed = (there, here), 0
+            elif here == subs.get(there, there):
+                copy.resumed += 1
+                if copy.resumed >= RESUME_TO_CONFIRM:
+                    if len(subs) < MAX_SUBSTITUTIONS:
+                        subs[copy.changed[0]] = copy.changed[1]
+                    copy.changed = None
+            else:  # not one token changed in a copy, but the copy ended
+                self._copy = None
+                return
+        copy.since = len(tokens)
 
     def _truncate(self, length: int) -> None:
+        self._copy = None  # it watched positions that go
         tokens = self._tokens
         # Undo _extend newest first: each entry removed is the last of its list.
         for e in range(len(tokens) - 1, length - 1, -1):
@@ -116,6 +185,20 @@ class LookupDrafter:
                 if not hits:
                     del index[key]
         del tokens[length:]
+
+
+def _agreement(tokens: list[int], a: int, b: int, subs: dict[int, int], repeated: set[int]) -> int:
+    """How many tokens before positions ``a < b`` agree, read backwards (at most AGREEMENT_CAP). The later text may
+    differ from the earlier by a substitution the output has made more than once: a rule of this edit (one made
+    once is as often a sentence repeated with one word changed, and reading through those made lookup draft
+    where it lost: 3 % on replayed math answers)."""
+    k = 0
+    while k < min(a, AGREEMENT_CAP):
+        there, here = tokens[a - 1 - k], tokens[b - 1 - k]
+        if here != there and (there not in repeated or here != subs[there]):
+            break
+        k += 1
+    return k
 
 
 def _as_list(tokens: Sequence[int]) -> list[int]:
