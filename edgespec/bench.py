@@ -665,8 +665,8 @@ def render_report(result: BenchResult) -> str:
             ]
             if greedy:
                 cells.append(f"{v.same_as_plain}/{v.runs}")
-            if shares:
-                cells.append("-" if s == PLAIN else _fmt(v.ceiling_share, ".0%"))
+            if shares:  # the ceiling prices lookup alone, not the tokens a constraint forces
+                cells.append("-" if s == PLAIN or v.forced_share else _fmt(v.ceiling_share, ".0%"))
             if forced:
                 cells += [_fmt(v.forced_share, ".0%"), _fmt(v.constraint_ms, ".3f")]
             lines.append(cells)

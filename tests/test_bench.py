@@ -322,6 +322,10 @@ def test_a_strategys_share_of_the_ceiling_is_taken_on_its_own_outputs() -> None:
     assert next(line.split() for line in text.splitlines() if line.startswith("auto"))[-2:] == ["0/1", "50%"]
     assert next(line.split() for line in text.splitlines() if line.startswith("lookup"))[-2:] == ["1/1", "-"]
     assert "of ceiling: the share of the lookup ceiling's gain" in text
+    # Where a constraint forced tokens, the speedup is not lookup's alone: no share.
+    forced = replace(records[1], forced=5)
+    text = render_report(BenchResult(config, [records[0], forced]))
+    assert next(line.split() for line in text.splitlines() if line.startswith("auto"))[-3:-2] == ["-"]
 
 
 @pytest.mark.real
