@@ -236,3 +236,13 @@ def test_substitutions_end_with_the_request_and_can_be_turned_off():
     context = list(prompt)
     write(off, context, [20, 21, 22, Y, 23, 24, 25, 26])
     assert off.substitutions == {} and propose(off, context, 1) == [X]
+
+
+def test_a_substitution_learned_anew_counts_as_made_once():
+    prompt = [1, *SOURCE, 2]
+    drafter = fresh(prompt)
+    context = list(prompt)
+    write(drafter, context, [20, 21, 22, Y, 23, 24, 25, 26, Y, 27])  # X -> Y, made twice
+    assert drafter.substitutions == {X: Y} and X in drafter._repeated
+    write(drafter, context, [28, 29, 30, 31, 9, 32, 33])  # then 9 where the source has X, and the copy goes on
+    assert drafter.substitutions == {X: 9} and X not in drafter._repeated

@@ -164,8 +164,10 @@ class LookupDrafter:
             elif here == subs.get(there, there):
                 copy.resumed += 1
                 if copy.resumed >= RESUME_TO_CONFIRM:
-                    if len(subs) < MAX_SUBSTITUTIONS:
-                        subs[copy.changed[0]] = copy.changed[1]
+                    there_was, here_is = copy.changed
+                    if there_was in subs or len(subs) < MAX_SUBSTITUTIONS:
+                        subs[there_was] = here_is
+                        self._repeated.discard(there_was)  # made once so far, as this substitution
                     copy.changed = None
             else:  # not one token changed in a copy, but the copy ended
                 self._copy = None
@@ -195,7 +197,7 @@ def _agreement(tokens: list[int], a: int, b: int, subs: dict[int, int], repeated
     k = 0
     while k < min(a, AGREEMENT_CAP):
         there, here = tokens[a - 1 - k], tokens[b - 1 - k]
-        if here != there and (there not in repeated or here != subs[there]):
+        if here != there and (there not in repeated or here != subs.get(there)):
             break
         k += 1
     return k
