@@ -9,6 +9,11 @@ peer alike. Reported per (level, class, strategy): total tok/s (tokens over the 
 (each request's tokens over its own time from first token to last), time to first token p50/p95 (from the
 request's start), the acceptance rate and where sampling ran.
 
+A single class's ratio at N > 1 swings by ±20 % from run to run on a shared 2-core machine: with ``repeats`` > 1
+each class runs that many rounds, the strategies' order rotating each round so that no strategy always goes first
+(or last) in the machine's drift; the report pools the rounds (tokens over wall time) and gives the spread of the
+rounds' own ratios to plain beside it.
+
 At levels above 1, ``auto-serial`` is auto with one lane, which the N clients share one request at a time: what a
 server without batching gives them (time to first token includes the wait).
 
@@ -66,6 +71,7 @@ class LoadRecord:
     strategy: str
     wall: float  # the run's seconds, first request's start to last request's end
     requests: list[Request] = field(default_factory=list)
+    round: int = 0  # which of the class's rounds (see ``repeats``)
 
     @property
     def generated(self) -> int:
@@ -163,9 +169,12 @@ def run_load_bench(
     lookup_len: int,
     p_min: float = 0.0,
     peers: bool = True,
+    repeats: int = 1,
     on_run: Callable[[LoadRecord], None] | None = None,
 ) -> tuple[list[LoadRecord], list[str]]:
-    """Every (level, class, strategy) run, and notes on what was skipped (a peer not on PATH)."""
+    """Every (level, class, strategy, round) run, and notes on what was skipped (a peer not on PATH).
+
+    ``auto-serial`` runs in the first round only: it is the reference for time to first token, not a ratio."""
     from edgespec.bench import WARMUP_TOKENS, _engine_for
 
     names = [s for s in parse_strategies(strategies, has_draft=draft is not None) if not s.startswith("llama-cpp")]
@@ -218,19 +227,21 @@ def run_load_bench(
                 # decided by its slowest prefill (runs of it moved by 15-40 %).
                 want = max(len(jobs), level if level == 1 else 2 * level)
                 jobs = (jobs * -(-want // len(jobs)))[:want]
-                order = list(runners)[i % len(runners) :] + list(runners)[: i % len(runners)]
-                for name in order:
-                    if task.name in peerless and name in (PEER_PLAIN, PEER_DRAFT):
-                        note = f"{task.name}: {LLAMA_SERVER} is not run (its tool-call prompts need a grammar)"
-                        if note not in notes:
-                            notes.append(note)
-                        continue
-                    _clear(target, draft)
-                    record = closed_loop(runners[name], jobs, level, params)
-                    record.level, record.task, record.strategy = level, task.name, name
-                    records.append(record)
-                    if on_run is not None:
-                        on_run(record)
+                for round_ in range(repeats):
+                    names_now = [n for n in runners if round_ == 0 or n != SERIAL]
+                    turn = (i + round_) % len(names_now)
+                    for name in names_now[turn:] + names_now[:turn]:
+                        if task.name in peerless and name in (PEER_PLAIN, PEER_DRAFT):
+                            note = f"{task.name}: {LLAMA_SERVER} is not run (its tool-call prompts need a grammar)"
+                            if note not in notes:
+                                notes.append(note)
+                            continue
+                        _clear(target, draft)
+                        record = closed_loop(runners[name], jobs, level, params)
+                        record.level, record.task, record.strategy, record.round = level, task.name, name, round_
+                        records.append(record)
+                        if on_run is not None:
+                            on_run(record)
         finally:
             for server in servers:
                 server.close()
@@ -251,39 +262,52 @@ def _clear(*models: Model | None) -> None:
                 slot.truncate(0)
 
 
+def _pooled(records: Sequence[LoadRecord]) -> LoadRecord:
+    """Several runs as one: their requests together over their summed wall time."""
+    first = records[0]
+    merged = LoadRecord(first.level, first.task, first.strategy, sum(r.wall for r in records))
+    merged.requests = [q for r in records for q in r.requests]
+    return merged
+
+
 def render_load_report(records: Sequence[LoadRecord], notes: Sequence[str], header: str) -> str:
     """A row per (level, class, strategy), and an "all" row per (level, strategy); ratios to plain at the same
-    level."""
+    level, pooled over the rounds, with the range of the rounds' own ratios when there were several."""
     rows: list[list[str]] = []
     by_level: dict[int, dict[str, list[LoadRecord]]] = {}
     for r in records:
         by_level.setdefault(r.level, {}).setdefault(r.strategy, []).append(r)
-    plain_rate: dict[tuple[int, str], float] = {(r.level, r.task): r.total_rate for r in records if r.strategy == PLAIN}
+    rounds = len({r.round for r in records})
     for level, strategies in by_level.items():
         tasks = list(dict.fromkeys(r.task for rs in strategies.values() for r in rs))
+        plain_runs = strategies.get(PLAIN, [])
         for task in [*tasks, "all"]:
             for strategy, rs in strategies.items():
                 chosen = rs if task == "all" else [r for r in rs if r.task == task]
                 if not chosen:
                     continue
-                merged = LoadRecord(level, task, strategy, sum(r.wall for r in chosen))
-                merged.requests = [q for r in chosen for q in r.requests]
-                if task == "all":
-                    plain = [r for r in by_level[level].get(PLAIN, [])]
-                    base = sum(r.generated for r in plain) / sum(r.wall for r in plain) if plain else None
-                else:
-                    base = plain_rate.get((level, task))
-                ratio = merged.total_rate / base if base else None
+                merged = _pooled(chosen)
+                plain = plain_runs if task == "all" else [r for r in plain_runs if r.task == task]
+                ratio = merged.total_rate / _pooled(plain).total_rate if plain and _pooled(plain).total_rate else None
+                spread = "-"
+                if rounds > 1 and strategy != PLAIN and ratio is not None:
+                    per_round = []
+                    for k in sorted({r.round for r in chosen}):
+                        mine = [r for r in chosen if r.round == k]
+                        base = _pooled([r for r in plain if r.round == k] or plain).total_rate
+                        per_round.append(_pooled(mine).total_rate / base if base else 0.0)
+                    spread = f"{min(per_round):.2f}-{max(per_round):.2f}" if len(per_round) > 1 else "-"
                 p50, p95, acc = merged.ttft(50), merged.ttft(95), merged.acceptance
-                rows.append([
+                row = [
                     str(level), task, strategy, str(len(merged.requests)), f"{merged.total_rate:.1f}",
                     f"{merged.per_request_rate:.1f}", "-" if p50 is None else f"{p50:.2f}",
                     "-" if p95 is None else f"{p95:.2f}", "-" if acc is None else f"{acc:.0%}",
-                    "-" if ratio is None else f"{ratio:.2f}x", merged.sampling_path or "-",
-                ])  # fmt: skip
+                    "-" if ratio is None else f"{ratio:.2f}x",
+                ]  # fmt: skip
+                rows.append([*row, *([spread] if rounds > 1 else []), merged.sampling_path or "-"])
     table = format_table(
         ["N", "task", "strategy", "reqs", "total tok/s", "per-req tok/s", "TTFT p50 s", "TTFT p95 s", "accept",
-         "vs plain", "sampling"],
+         "vs plain", *([f"rounds ({rounds})"] if rounds > 1 else []), "sampling"],
         rows,
     )  # fmt: skip
     return "\n".join([header, table, *(f"note: {n}" for n in notes)])
@@ -295,7 +319,7 @@ def records_json(records: Sequence[LoadRecord]) -> list[dict[str, Any]]:
             level=r.level, task=r.task, strategy=r.strategy, wall=r.wall, generated=r.generated,
             total_tokens_per_second=r.total_rate, per_request_tokens_per_second=r.per_request_rate,
             ttft_p50=r.ttft(50), ttft_p95=r.ttft(95), acceptance=r.acceptance, sampling_path=r.sampling_path,
-            requests=[r.__dict__ for r in r.requests],
+            round=r.round, requests=[r.__dict__ for r in r.requests],
         )  # fmt: skip
         for r in records
     ]

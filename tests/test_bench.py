@@ -422,6 +422,38 @@ def test_the_load_report_divides_by_plain_at_the_same_level() -> None:
     assert "1.50x" in text and "0.95x" in text and "note: llama-server" in text
 
 
+def test_the_load_report_pools_rounds_and_shows_their_spread() -> None:
+    from edgespec.bench_load import LoadRecord, Request, render_load_report
+
+    def record(strategy: str, tokens: int, round_: int) -> LoadRecord:
+        r = LoadRecord(4, "math", strategy, wall=2.0, round=round_)
+        r.requests = [Request(0.0, 0.5, 2.0, tokens, 0, 0, "argmax in llama.cpp")]
+        return r
+
+    # round 0: auto 30/20 = 1.5x; round 1: auto 10/20 = 0.5x; pooled: 40/40 = 1.00x
+    runs = [record("plain", 20, 0), record("auto", 30, 0), record("auto", 10, 1), record("plain", 20, 1)]
+    text = render_load_report(runs, [], "header")
+    auto_row = next(line for line in text.splitlines() if " math " in line and " auto " in line)
+    assert "1.00x" in auto_row and "0.50-1.50" in auto_row and "rounds (2)" in text
+    single = render_load_report(runs[:2], [], "header")
+    assert "rounds" not in single and "1.50x" in single
+
+
+@pytest.mark.real
+def test_load_bench_rounds_rotate_the_strategies(tiny_model_path: Path) -> None:
+    """Each round rotates which strategy goes first; auto-serial (the time-to-first-token reference) runs once."""
+    from edgespec.bench_load import run_load_bench
+    from edgespec.models.backend import Model
+
+    tasks = load_tasks(["code-edit"], prompts_per_task=1)
+    params = SamplingParams(temperature=0, max_tokens=3)
+    with Model(tiny_model_path, n_ctx=512, n_seq=2) as target:
+        records, _ = run_load_bench(target, None, tasks, ["auto"], params, [2], lookup_len=4, peers=False, repeats=2)
+    assert [(r.round, r.strategy) for r in records] == [
+        (0, "plain"), (0, "auto"), (0, "auto-serial"), (1, "auto"), (1, "plain"),
+    ]  # fmt: skip
+
+
 FAKE_LLAMA_SERVER = '''
 import json, sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer

@@ -92,7 +92,11 @@ def _split(value: str | None) -> list[str]:
     "replayed from recorded decode outputs (the loop alone, with the caches a CPU decode evicts still warm).",
 )
 @click.option(
-    "--repeats", type=click.IntRange(min=1), default=3, show_default=True, help="Repetitions for --loop-cost."
+    "--repeats",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Repetitions for --loop-cost (default 3), and rounds per class and level for --concurrency (default 1; "
+    "the strategies' order rotates each round and the report pools them, with the spread of the rounds' ratios).",
 )
 @click.option(
     "--with-penalties-logprobs",
@@ -122,7 +126,7 @@ def bench(
     workloads: Path | None,
     costs: bool,
     loop_cost: bool,
-    repeats: int,
+    repeats: int | None,
     with_penalties_logprobs: bool,
     concurrency: str | None,
     as_json: bool,
@@ -160,10 +164,13 @@ def bench(
                 click.echo(json.dumps(table, indent=1) if as_json else render_costs(table))
                 return
             if loop_cost:
-                _loop_cost(target, draft, suite, params, repeats, as_json, with_penalties_logprobs)
+                _loop_cost(target, draft, suite, params, repeats or 3, as_json, with_penalties_logprobs)
                 return
             if levels is not None:
-                _concurrency(target, draft, suite, _split(strategies), params, levels, lookup_len, peers, opts, as_json)
+                _concurrency(
+                    target, draft, suite, _split(strategies), params, levels, lookup_len, peers, opts, as_json,
+                    repeats or 1,
+                )  # fmt: skip
                 return
             if draft is None and any(_DRAFT_N.fullmatch(n) for n in names):
                 click.echo("note: no draft model, so the draft-N strategies are skipped", err=True)
@@ -185,7 +192,7 @@ def bench(
 
 def _concurrency(
     target: Any, draft: Any, suite: Any, strategies: list[str], params: Any, levels: list[int], lookup_len: int,
-    peers: bool, opts: dict[str, Any], as_json: bool,
+    peers: bool, opts: dict[str, Any], as_json: bool, repeats: int = 1,
 ) -> None:  # fmt: skip
     import json
 
@@ -199,8 +206,8 @@ def _concurrency(
         levels = [n for n in levels if n <= target.n_seq]
     n_strategies = len(parse_strategies(strategies, has_draft=draft is not None)) + (2 if peers else 0)
     serial = sum(n > 1 for n in levels) if "auto" in strategies else 0  # auto-serial runs at levels above 1
-    with tqdm(total=(len(levels) * n_strategies + serial) * len(suite), desc="bench", unit="run", file=sys.stderr,
-              disable=None, leave=False) as bar:  # fmt: skip
+    runs = (len(levels) * n_strategies * repeats + serial) * len(suite)
+    with tqdm(total=runs, desc="bench", unit="run", file=sys.stderr, disable=None, leave=False) as bar:
 
         def on_run(record: Any) -> None:
             bar.set_postfix_str(f"N={record.level} {record.task} {record.strategy}", refresh=False)
@@ -208,7 +215,7 @@ def _concurrency(
 
         records, notes = run_load_bench(
             target, draft, suite, strategies, params, levels, lookup_len=lookup_len, p_min=opts["p_min"],
-            peers=peers, on_run=on_run,
+            peers=peers, repeats=repeats, on_run=on_run,
         )  # fmt: skip
     if as_json:
         click.echo(json.dumps({"records": records_json(records), "notes": notes}, indent=1))
