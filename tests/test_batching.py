@@ -259,3 +259,26 @@ def test_a_prompt_another_lane_holds_is_copied_not_prefilled_again() -> None:
     assert first.stats.prefilled_tokens == 99 and second.stats.prefilled_tokens == third.stats.prefilled_tokens == 0
     assert {(to, n) for _, to, n in target.copies} == {(1, 99), (2, 99)}  # lanes 1 and 2 copied lane 0's prompt
     assert draft.copies  # the draft model's KV too
+
+
+def test_the_shared_cost_curve_takes_the_calibration_once_per_readout(monkeypatch) -> None:
+    """Every lane's controller gets the draft's calibrated costs, but the target's curve is shared: seeded again by
+    each lane that starts, a single sequence's costs would keep pulling back what shared decodes measured since."""
+    given: list[dict] = []
+    original = Controller.record_costs
+
+    def recording(self, verify, draft, catchup=None):  # noqa: ANN001, ANN202
+        given.append(dict(verify))
+        return original(self, verify, draft, catchup)
+
+    monkeypatch.setattr(Controller, "record_costs", recording)
+    target, draft = models(n_seq=3)
+    runtime = Runtime(Engine(target, draft, draft_len="auto"))
+    greedy = SamplingParams(temperature=0, max_tokens=4)
+    runtime.generate_many([ENGINE_PROMPT, [3, *ENGINE_PROMPT], [5, *ENGINE_PROMPT]], greedy)
+    assert len(given) == 3  # each lane's controller was calibrated...
+    assert given[0] and not given[1] and not given[2]  # ...and the shared curve took the target's costs once
+    given.clear()
+    sampled = SamplingParams(temperature=0.8, top_k=40, max_tokens=4, seed=1)
+    runtime.generate_many([ENGINE_PROMPT, [3, *ENGINE_PROMPT]], sampled)  # another readout: its own costs, once
+    assert len(given) == 2 and given[0] and not given[1]
