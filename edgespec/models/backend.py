@@ -373,11 +373,10 @@ class Slot:
 
     def copy_prefix_from(self, source: Slot, n: int) -> None:
         """Make this sequence's KV the first ``n`` cells of ``source``'s: a prompt another sequence already holds is
-        not prefilled again. Where each sequence has a KV buffer of its own (one sequence, or bit-exact),
-        llama.cpp copies only whole buffers between them (a partial range is a GGML_ASSERT, a crash): the whole
-        of ``source``'s is copied, on the next decode, and this sequence then drops what follows the prefix. That
-        is a memory copy of the buffer (~0.1 GB for a 1.5B model's 4096 cells), against seconds of prefill on a
-        CPU. In one pool the same two calls only tag the shared cells with this sequence's id."""
+        not prefilled again. Each sequence has a KV buffer of its own (kv_unified off), and llama.cpp copies only
+        whole buffers between them (a partial range is a GGML_ASSERT, a crash): the whole of ``source``'s is
+        copied, on the next decode, and this sequence then drops what follows the prefix. That is a memory copy
+        of the buffer (~0.1 GB for a 1.5B model's 4096 cells), against seconds of prefill on a CPU."""
         model = self.model
         if source.model is not model or source is self or n > len(source.kv_tokens):
             raise ValueError("copy a prefix another sequence of the same model holds")
@@ -524,21 +523,22 @@ class Model:
 
         ctx_params = llama_cpp.llama_context_default_params()
         self.n_batch = max(1, min(n_batch, n_ctx))
-        # n_ctx cells per sequence, so that a request's limit does not depend on what the others hold (each is
-        # checked against n_ctx, so together they never overflow the n_ctx * n_seq cells).
+        # Each sequence gets n_ctx cells of its own (kv_unified off: llama.cpp splits the context evenly), so a
+        # request's limit does not depend on what the others hold.
         ctx_params.n_ctx = n_ctx * n_seq
         ctx_params.n_batch = self.n_batch
         ctx_params.n_ubatch = self.n_batch
         ctx_params.n_seq_max = n_seq
-        # One pool of cells for all sequences. With a buffer per sequence (kv_unified off) llama.cpp splits a
-        # decode into micro-batches of consecutive sequence ids that each take the same number of tokens from
-        # every sequence in it (split_equal): sequences with 1, 1, 1 and 3 rows run as a pass of 4 rows, then
-        # one of 2, so a draft beside other requests costs a whole extra forward pass, and so do a prompt chunk
-        # and a gap in the busy sequence ids. Measured on the Qwen 1.5B, 4 clients of plain decoding, 2-core
-        # CPU, the two layouts alternating in one process: creative 12.4 -> 13.8 tok/s, code-edit 11.3 -> 12.3.
-        # Bit-exact keeps a buffer each: its identity with a lone decode was established on that layout, where
-        # a sequence's cells are its own and in order.
-        ctx_params.kv_unified = n_seq > 1 and not bit_exact
+        # A KV buffer per sequence (kv_unified off), although llama.cpp then splits a decode into micro-batches of
+        # consecutive sequence ids that each take the same number of tokens from every sequence in it
+        # (split_equal): sequences with 1, 1, 1 and 3 rows run as a pass of 4 rows, then one of 2, so a draft
+        # beside other requests costs a whole extra forward pass (so do a prompt chunk and a gap in the busy ids).
+        # One pool of cells (kv_unified on) makes every decode one pass, and measured faster (Qwen 1.5B, 4 clients
+        # of plain decoding, 2-core CPU, alternating in one process: creative 12.4 -> 13.8 tok/s, code-edit 11.3 ->
+        # 12.3), but there a seeded request at temperature 1.5 sent twice gave other text the second time
+        # (test_n_choices_share_the_prompt_and_each_is_seeded_apart). The likely cause, not confirmed: a
+        # sequence's attention runs over the whole pool, so its sums depend on where the others' cells sit.
+        ctx_params.kv_unified = False
         ctx_params.n_outputs_max = MAX_ROWS
         ctx_params.n_outputs_max_per_seq = MAX_ROWS  # llama.cpp's default, 1, is too few for a verify
         ctx_params.n_threads = self.n_threads
@@ -552,8 +552,7 @@ class Model:
         if not self._ctx:
             self.close()
             raise ModelError(f"llama.cpp could not create a context of {n_ctx} tokens for {self.path}")
-        # Per sequence (in one pool llama.cpp reports the whole pool as each sequence's).
-        self.n_ctx = int(llama_cpp.llama_n_ctx_seq(self._ctx)) // (n_seq if ctx_params.kv_unified else 1)
+        self.n_ctx = int(llama_cpp.llama_n_ctx_seq(self._ctx))  # per sequence
         self._mem = llama_cpp.llama_get_memory(self._ctx)
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.vocab = VocabInfo(
