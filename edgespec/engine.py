@@ -528,8 +528,8 @@ class Engine:
         assert lane.auto is not None
         # The lanes' controllers share one curve of target decode costs: it takes the calibration once per
         # readout. Given again by each lane that starts, a single sequence's costs would keep pulling back what
-        # the shared decodes have measured since (a 6-row decode of 4 sequences cost 265 ms where one
-        # sequence's 6 tokens had cost 212 ms).
+        # the shared decodes have measured since (4 sequences' 6-row decode took 264 ms where one sequence's 6
+        # tokens had taken 201 ms: see Model's note on llama.cpp's micro-batches).
         verify = {} if readout.kind in self._curve_seeded else costs.verify
         self._curve_seeded.add(readout.kind)
         lane.auto.record_costs(verify, costs.draft, costs.catchup)
