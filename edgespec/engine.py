@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from edgespec.constraint import Constraint
@@ -358,17 +358,28 @@ class Engine:
         # that drafting amortises: measured, auto's time to first token under load rose by half).
         chunk = sum(len(part[1]) for _, part in prefills)
         alone = len(in_rounds) == 1 and not chunk
+        # The tokens each sequence puts into the decode, as planned so far (a request not yet planned: its one row),
+        # from which a plan reads the forward passes llama.cpp will split the decode into.
+        layout = {g.lane.index: len(part[1]) for g, part in prefills} | {g.lane.index: 1 for g in in_rounds}
         for i, generation in enumerate(in_rounds):
             later = len(in_rounds) - i - 1
             busy = chunk + rows + later
-            load = NO_LOAD if alone else Load(busy, chunk + tokens + later, seconds, budget - rows - later)
+            load = (
+                NO_LOAD
+                if alone
+                else Load(
+                    busy, chunk + tokens + later, seconds, budget - rows - later, self._passes(layout, generation)
+                )
+            )
             try:
                 generation.propose(load, defer_model=not alone)
             except Exception as error:  # noqa: BLE001  # this request's own failure (its draft model), not the others'
                 generation.lane.roll_back(generation.ctx)
                 generation.fail(error)
+                del layout[generation.lane.index]
                 continue
             assert generation.plan is not None
+            layout[generation.lane.index] = generation.planned_rows
             rows += generation.planned_rows
             tokens += generation.plan.expected
             seconds += generation.t_draft + generation.plan.draft_seconds
@@ -399,7 +410,9 @@ class Engine:
         self.step_rows += rows
         self.step_sequences += len(live)
         if shared and not prefills:  # the decode's cost at its width, once (a prompt chunk in it is not a row's cost)
-            if self._curve is not None:
+            # The shared curve prices one forward pass: a decode llama.cpp split into several is not a point on it.
+            one_pass = len(self._split({g.lane.index: g.rows for g in live})) == 1
+            if self._curve is not None and one_pass:
                 self._curve.add(rows, t_verify)
             for generation in live:
                 if generation.controller is not generation.lane.auto:
@@ -411,6 +424,22 @@ class Engine:
             except Exception as error:  # noqa: BLE001
                 generation.lane.roll_back(generation.ctx)
                 generation.fail(error)
+
+    def _split(self, tokens_by_seq: dict[int, int]) -> list[int]:
+        """The forward passes (their token counts) llama.cpp runs for a target decode of these tokens per sequence."""
+        split = getattr(self.target, "decode_passes", None)
+        return [sum(tokens_by_seq.values())] if split is None else split(tokens_by_seq)
+
+    def _passes(self, layout: dict[int, int], generation: Generation) -> Callable[[int], list[int]]:
+        """What :attr:`Load.passes` tells ``generation``'s plan: the decode's passes if it puts n rows in beside
+        the others' tokens planned so far."""
+        others, me = dict(layout), generation.lane.index
+
+        def passes(n: int) -> list[int]:
+            others[me] = n
+            return self._split(others)
+
+        return passes
 
     def _draft_together(self, live: list[Generation]) -> list[Generation]:
         """The draft model's drafts of every request that planned one, a step of each in one decode of the draft

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import re
+
 import llama_cpp
 import numpy as np
 import pytest
@@ -247,3 +250,43 @@ def test_a_sequence_copies_another_ones_prefix_and_continues_as_it_would(tiny3: 
         copy.copy_prefix_from(copy, 1)
     for slot in tiny3.slots:
         slot.truncate(0)
+
+
+def test_llama_cpp_runs_the_forward_passes_decode_passes_predicts(tiny_model_path, monkeypatch, caplog) -> None:
+    # llama.cpp logs each micro-batch it cuts a batch into when LLAMA_BATCH_DEBUG is set as its context is made.
+    monkeypatch.setenv("LLAMA_BATCH_DEBUG", "1")
+    model = Model(tiny_model_path, n_ctx=256, n_batch=16, n_seq=4)
+    monkeypatch.delenv("LLAMA_BATCH_DEBUG")
+    prompt = model.tokenize("The capital of France is")
+    try:
+        for slot in model.slots:
+            slot.decode(prompt)
+        layouts = [
+            {2: 1, 0: 1, 3: 1, 1: 1},  # given out of order: one pass only because decode_batch lists them by id
+            {3: 4, 0: 1, 1: 1, 2: 1},
+            {0: 1, 2: 1, 3: 1},
+            {0: 2, 1: 1, 2: 2, 3: 1},
+            {1: 9, 0: 9},  # two llama_decode calls of n_batch=16
+        ]
+        for layout in layouts:
+            for slot in model.slots:
+                slot.truncate(len(prompt))
+            parts = [(model.slots[s], [7] * n, [n - 1], ARGMAX) for s, n in layout.items()]
+            caplog.clear()
+            with caplog.at_level(logging.DEBUG, logger="llama.cpp"):
+                scores = model.decode_batch(parts)
+            passes, added = [], False
+            for record in caplog.records:
+                message = record.getMessage()
+                if "added ubatch to split" in message:
+                    added = True
+                elif added and (found := re.search(r"n_tokens\s*=\s*(\d+)", message)):
+                    passes.append(int(found.group(1)))
+                    added = False
+            assert passes == model.decode_passes(layout), layout
+            # Each part's rows come back in the order the parts were given, whatever order the batch ran them in.
+            for (slot, tokens, rows, _), row in zip(parts, scores, strict=True):
+                slot.truncate(len(prompt))
+                assert slot.decode(tokens, rows, ARGMAX) == row
+    finally:
+        model.close()

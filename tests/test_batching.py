@@ -3,6 +3,7 @@ decodes, lanes taken and given back, load-aware plans."""
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import numpy as np
@@ -14,7 +15,7 @@ from stat_tools import worst
 from test_engine import ENGINE_PATHS, ENGINE_PROMPT, MARGIN, exact_output_joint, plain_greedy
 
 from edgespec.api import Runtime
-from edgespec.drafters.controller import NO_LOAD, Controller, Load, Plan
+from edgespec.drafters.controller import NO_LOAD, Controller, Load, Plan, VerifyCost
 from edgespec.engine import Engine
 from edgespec.errors import EdgespecError, InvalidParameterError
 from edgespec.events import Chunk, Finished
@@ -206,10 +207,10 @@ def test_a_failing_draft_fails_its_own_request_only(monkeypatch) -> None:
 
 
 # ----- load-aware planning ---------------------------------------------------------------------------------------
-def calibrated(curve: dict[int, float]) -> Controller:
+def calibrated(curve: dict[int, float], draft_cost: float = 0.0002) -> Controller:
     """A controller with a cheap draft model that has been right 9 times in 10."""
     controller = Controller(["model"], max_gamma=8)
-    controller.record_costs(curve, {"model": 0.0002})
+    controller.record_costs(curve, {"model": draft_cost})
     drafted = Plan("model", 4)
     for _ in range(30):
         controller.plan()
@@ -235,6 +236,48 @@ def test_on_a_cpu_curve_the_load_shares_the_fixed_cost_that_made_drafting_pay() 
     cpu = calibrated({b: 0.010 * (0.3 + 0.7 * b) for b in range(1, 66)})
     assert cpu.plan((), NO_LOAD).gamma > 0
     assert cpu.plan((), Load(rows=3, tokens=3.0, room=62)).gamma == 0
+
+
+def test_a_draft_beside_single_rows_pays_for_the_forward_pass_llama_cpp_gives_it() -> None:
+    # A flat (GPU-like) curve: in one pass, a draft beside three other rows costs only its drafting. But with a KV
+    # buffer per sequence llama.cpp runs 1, 1, 1 and γ+1 rows as a pass of 4 and then a pass of γ: a whole decode.
+    controller = calibrated({b: 0.010 for b in range(1, 66)}, draft_cost=0.001)
+    one_pass = Load(rows=3, tokens=3.0, room=60)
+    split = Load(rows=3, tokens=3.0, room=60, passes=lambda n: [4] if n == 1 else [4, n - 1])
+    assert controller.plan((), one_pass).gamma > 0
+    assert controller.plan((), split).gamma == 0
+    # Forced tokens likewise: three sure tokens are worth a free pass, not a whole one.
+    assert controller.certain_len(3, one_pass) == 3
+    assert controller.certain_len(3, split) == 0
+
+
+def test_the_engine_prices_a_plan_by_the_passes_and_keeps_split_decodes_off_the_curve(monkeypatch) -> None:
+    """Each plan under load gets the decode's passes with its rows among the others' planned ones, and a decode that
+    llama.cpp runs as several passes is no point of the one-pass cost curve."""
+    asked: list[dict[int, int]] = []
+    curve_callers: list[str] = []
+    original_add = VerifyCost.add
+
+    def recording_add(self, b, seconds):  # noqa: ANN001, ANN202
+        curve_callers.append(sys._getframe(1).f_code.co_name)
+        return original_add(self, b, seconds)
+
+    monkeypatch.setattr(VerifyCost, "add", recording_add)
+    for split in (False, True):
+        target, draft = models(n_seq=3)
+
+        def passes(tokens_by_seq: dict[int, int], split: bool = split) -> list[int]:
+            asked.append(dict(tokens_by_seq))
+            return [1] * sum(tokens_by_seq.values()) if split else [sum(tokens_by_seq.values())]
+
+        target.decode_passes = passes
+        curve_callers.clear()
+        runtime = Runtime(Engine(target, draft, draft_len="auto"))
+        greedy = SamplingParams(temperature=0, max_tokens=8)
+        runtime.generate_many([ENGINE_PROMPT, [3, *ENGINE_PROMPT], [5, *ENGINE_PROMPT]], greedy)
+        assert ("_step" in curve_callers) is not split  # the shared decodes' costs: only those of one pass
+    # Plans under load asked about all three lanes together, each lane's rows tried at several widths.
+    assert any(set(layout) == {0, 1, 2} and max(layout.values()) > 1 for layout in asked)
 
 
 def test_the_row_budget_caps_a_plan() -> None:

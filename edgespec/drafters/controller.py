@@ -36,7 +36,7 @@ back, so a drafter whose catch-up costs more than it could win back (the draft m
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Protocol
@@ -71,6 +71,16 @@ class Load:
     tokens: float = 0.0
     seconds: float = 0.0
     room: int = 1 << 30
+    # The rows of each forward pass the decode will run if this sequence puts ``n`` rows into it; None: one pass.
+    # (llama.cpp splits a decode of several sequences into passes that cost about a decode each: a draft beside
+    # others' single rows is a pass of its own. See edgespec.models.microbatch.)
+    passes: Callable[[int], Sequence[int]] | None = None
+
+    def decode_seconds(self, curve: Sequence[float], n: int) -> float:
+        """What the decode costs, read off ``curve`` (one pass of b rows), if this sequence puts ``n`` rows in."""
+        if self.passes is None:
+            return curve[self.rows + n]
+        return sum(curve[b] for b in self.passes(n))
 
 
 NO_LOAD = Load()
@@ -385,7 +395,7 @@ class Controller:
         if curve is None or self._verify.measured(1) is None:
             return Plan(None, 0, "measuring the plain decode cost")
         caps = {d: max(min(self._cap(d, len(lookup)), load.room - 1), 0) for d in self.drafters}
-        seconds = curve[load.rows + 1] + load.seconds
+        seconds = load.decode_seconds(curve, 1) + load.seconds
         plain = _Option(None, 0, (1.0 + load.tokens) / seconds, 1.0 + load.tokens, seconds)
         best_draft: _Option | None = None
         for d, cap in caps.items():
@@ -475,7 +485,7 @@ class Controller:
         curve = self._verify.curve(load.rows + n + 1)
         if curve is None or not n:
             return n
-        rates = [(load.tokens + k + 1) / (curve[load.rows + k + 1] + load.seconds) for k in range(n + 1)]
+        rates = [(load.tokens + k + 1) / (load.decode_seconds(curve, k + 1) + load.seconds) for k in range(n + 1)]
         return max(range(n + 1), key=rates.__getitem__)
 
     # ----- internals -------------------------------------------------------------------------------------
@@ -527,7 +537,9 @@ class Controller:
         best = None
         for gamma in gammas:
             tokens = float(expected[gamma]) + load.tokens
-            seconds = curve[load.rows + gamma + 1] + gamma * cost + switch + allowed * expected[gamma] + load.seconds
+            seconds = (
+                load.decode_seconds(curve, gamma + 1) + gamma * cost + switch + allowed * expected[gamma] + load.seconds
+            )
             if best is None or tokens / seconds > best[0]:
                 best = (tokens / seconds, gamma, tokens, seconds)
         assert best is not None

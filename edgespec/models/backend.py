@@ -20,7 +20,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +28,7 @@ import llama_cpp
 import numpy as np
 
 from edgespec.errors import ContextOverflowError, ModelError
+from edgespec.models.microbatch import decode_passes
 from edgespec.models.offload import Need, describe, plan_layers
 from edgespec.sampling import LOGITS, Candidates, Readout, Scores
 
@@ -696,6 +697,10 @@ class Model:
         llama.cpp aborts the process (a GGML_ASSERT) on some batches it cannot take, so what it would refuse is
         refused here first: more than :data:`MAX_ROWS` rows in all, a slot of another model, a sequence twice.
         """
+        # Listed in ascending sequence id: llama.cpp runs a pass per run of consecutive ids in the order the batch
+        # lists them (see edgespec.models.microbatch), so one token of sequences 2, 0, 3, 1 would be two passes.
+        order = sorted(range(len(parts)), key=lambda p: parts[p][0].seq_id)
+        parts = [parts[p] for p in order]
         n_rows = 0
         seen: set[int] = set()
         for slot, tokens, rows, readout in parts:
@@ -726,10 +731,15 @@ class Model:
         for slot, tokens, _, _ in parts:
             slot.kv_tokens.extend(tokens)
         self.busy_seconds += busy
-        return [
-            _emulate(readout, out) if kind is not readout and len(rows) else out
-            for kind, out, (_, _, rows, readout) in zip(kinds, outs, parts, strict=True)
-        ]
+        scores: list[Scores] = [None] * len(parts)  # type: ignore[list-item]  # each filled below, in given order
+        for p, kind, out, (_, _, rows, readout) in zip(order, kinds, outs, parts, strict=True):
+            scores[p] = _emulate(readout, out) if kind is not readout and len(rows) else out
+        return scores
+
+    def decode_passes(self, tokens_by_seq: Mapping[int, int]) -> list[int]:
+        """The token counts of the forward passes llama.cpp runs for one :meth:`decode_batch` that carries
+        ``tokens_by_seq[s]`` tokens of sequence ``s`` (see :mod:`edgespec.models.microbatch`)."""
+        return decode_passes(tokens_by_seq, self.n_batch, per_sequence_kv=self.n_seq > 1)
 
     def rehearse(self, tokens: Sequence[int], rows: Sequence[int], readout: Readout, start: int) -> None:
         """All that :meth:`decode` does in Python for sequence 0 at ``start``, the checks and filling the batch, but
