@@ -9,7 +9,8 @@ library only and imports nothing of edgespec. What it looks at comes in through 
   capabilities of the GPUs present only (every architecture takes far longer to build);
 - Metal on Apple silicon (and on an Intel Mac, where llama-cpp-python builds it in whatever it is told);
 - the CPU otherwise, with the reason;
-- ``EDGESPEC_BACKEND=cpu|cuda|metal|vulkan`` forces one; a ``CMAKE_ARGS`` the user set goes to the build untouched.
+- ``EDGESPEC_BACKEND=cpu|cuda|metal|vulkan`` forces one; a ``CMAKE_ARGS`` the user set goes to the build untouched;
+- on a CPU with AMX (a Xeon since Sapphire Rapids), without llama.cpp's AMX kernels (:data:`NO_AMX_ARGS`).
 
 The wheel is built with ``pip wheel`` into ``.whl/<key>/``, one folder per backend and CMake arguments, and reused
 from there. pip's own wheel cache keys a built wheel by the source it came from, not by ``CMAKE_ARGS``, so it
@@ -39,7 +40,7 @@ import subprocess
 import sys
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 BACKENDS = ("cpu", "cuda", "metal", "vulkan")
@@ -49,6 +50,14 @@ PACKAGE = "llama-cpp-python"
 # Mac it has Metal whatever CMAKE_ARGS say (llama-cpp-python's CMakeLists forces GGML_METAL on there).
 CPU_ARGS = ""
 ROOT = Path(__file__).resolve().parent.parent
+# llama.cpp's AMX kernels, which its build compiles in wherever the compiler targets a CPU with AMX-INT8 (-march=native
+# on a Xeon since Sapphire Rapids), crash the process on the first decode of more than one token with K-quant
+# weights: seen here as a segfault in ggml_backend_amx_mul_mat on a 2-token decode of the Qwen 1.5B Q4_K_M (one
+# token runs their AVX-512 path and works), and upstream as llama.cpp issue 20824 (closed without a fix). Built
+# without them, the weights are repacked for AVX-512 as on any x86 CPU. GCC and Clang let an explicit -mno-* win
+# over -march=native whatever the order. (A build that has them anyway: Model turns weight repacking off.)
+NO_AMX_ARGS = "-DCMAKE_C_FLAGS=-mno-amx-int8 -DCMAKE_CXX_FLAGS=-mno-amx-int8"
+NO_AMX_REASON = "this CPU has AMX: built without llama.cpp's AMX kernels, which crash on batches of K-quant weights"
 # The library each GPU backend adds to the wheel (llama_cpp/lib/libggml-cuda.so, ...): how a built or cached wheel
 # is checked for the backend it was built with. Every wheel carries every backend's header (include/ggml-cuda.h).
 _BACKEND_LIBS = {"cuda": "ggml-cuda", "metal": "ggml-metal", "vulkan": "ggml-vulkan"}
@@ -210,9 +219,30 @@ def _named_in(cmake_args: str) -> str:
     return "custom"
 
 
+def native_has_amx(m: Machine) -> bool:
+    """Whether the C compiler's -march=native turns AMX-INT8 on here (and so llama.cpp's AMX kernels)."""
+    if m.arch.lower() not in ("x86_64", "amd64"):
+        return False
+    code, out = m.run([m.env.get("CC") or "cc", "-march=native", "-dM", "-E", "-x", "c", "/dev/null"])
+    return code == 0 and "__AMX_INT8__" in out
+
+
+def _without_amx(choice: Choice) -> Choice:
+    return replace(choice, cmake_args=f"{choice.cmake_args} {NO_AMX_ARGS}".strip(),
+                   reasons=(*choice.reasons, NO_AMX_REASON))  # fmt: skip
+
+
 def choose(m: Machine | None = None) -> Choice:
     """The build for this machine, and the reasons. Raises ValueError for an EDGESPEC_BACKEND it does not know."""
     m = m or Machine()
+    choice = _choose(m)
+    # A user's CMAKE_ARGS go to the build untouched; Metal is a Mac's, and no Mac has AMX.
+    if choice.forced_by != "CMAKE_ARGS" and choice.backend != "metal" and native_has_amx(m):
+        return _without_amx(choice)
+    return choice
+
+
+def _choose(m: Machine) -> Choice:
     forced = (m.env.get("EDGESPEC_BACKEND") or "").strip().lower()
     user_args = (m.env.get("CMAKE_ARGS") or "").strip()
     if user_args:
@@ -257,7 +287,8 @@ def _cuda_choice(cuda: Cuda, reasons: list[str], forced_by: str | None) -> Choic
 
 
 def cpu_fallback(failed: Choice) -> Choice:
-    return Choice("cpu", CPU_ARGS, (f"the {failed.backend} build failed",))
+    fallback = Choice("cpu", CPU_ARGS, (f"the {failed.backend} build failed",))
+    return _without_amx(fallback) if NO_AMX_ARGS in failed.cmake_args else fallback
 
 
 # ---------------------------------------------------------------------------------------------- the build

@@ -290,3 +290,30 @@ def test_llama_cpp_runs_the_forward_passes_decode_passes_predicts(tiny_model_pat
                 assert slot.decode(tokens, rows, ARGMAX) == row
     finally:
         model.close()
+
+
+def test_a_build_with_amx_kernels_loads_weights_without_them_and_says_so_once(
+    tiny_model_path, monkeypatch, caplog
+) -> None:
+    """llama.cpp's AMX kernels crash on a K-quant batch of 2+ tokens (a segfault, seen on a Sapphire Rapids CPU):
+    where the build has them, weights load without the extra buffer types that would hold them."""
+    from edgespec.models import backend
+
+    seen: list[bool] = []
+    load = llama_cpp.llama_model_load_from_file
+
+    def spy(path, params):
+        seen.append(bool(params.use_extra_bufts))
+        return load(path, params)
+
+    monkeypatch.setattr(llama_cpp, "llama_model_load_from_file", spy)
+    monkeypatch.setattr(backend, "_amx_said", False)
+    without = "CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 1 | AVX512_VNNI = 1 | REPACK = 1 |"
+    with_amx = "CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 1 | AVX512_VNNI = 1 | AMX_INT8 = 1 | REPACK = 1 |"
+    for info in (without, with_amx, with_amx):
+        monkeypatch.setattr(backend, "system_info", lambda info=info: info)
+        with caplog.at_level(logging.WARNING, logger="edgespec.models.backend"):
+            Model(tiny_model_path, n_ctx=64).close()
+    assert seen == [True, False, False]
+    said = [r for r in caplog.records if "AMX" in r.getMessage()]
+    assert len(said) == 1 and "make setup" in said[0].getMessage()

@@ -26,6 +26,7 @@ def fake_machine(
     files: Sequence[str] = (),
     smi: tuple[int, str] | None = None,  # what nvidia-smi --query-gpu answers
     smi_list: tuple[int, str] = (0, ""),  # what nvidia-smi -L answers
+    native: str | None = None,  # what `cc -march=native -dM -E` prints (None: no compiler)
 ) -> Machine:
     path = dict(path or {})
     if smi is not None:
@@ -33,6 +34,8 @@ def fake_machine(
     files = set(files) | set(path.values())
 
     def run(cmd: Sequence[str]) -> tuple[int, str]:
+        if "-march=native" in cmd:
+            return (127, "cc not found") if native is None else (0, native)
         if cmd[0] not in files:
             return 127, f"{cmd[0]} not found"
         if cmd[0].endswith("nvcc"):
@@ -61,6 +64,35 @@ def test_no_toolkit_no_driver_builds_for_the_cpu() -> None:
     assert (choice.backend, choice.cmake_args, choice.key) == ("cpu", "", "cpu")
     assert "no NVIDIA driver" in choice.line and "no CUDA toolkit" in choice.line
     assert "EDGESPEC_BACKEND=cpu|cuda|metal|vulkan" in choice.line and "CMAKE_ARGS" in choice.line
+
+
+AMX_CPU = "#define __AVX512VNNI__ 1\n#define __AMX_TILE__ 1\n#define __AMX_INT8__ 1\n#define __x86_64__ 1\n"
+AVX512_CPU = "#define __AVX512VNNI__ 1\n#define __AVX512F__ 1\n#define __x86_64__ 1\n"
+
+
+def test_a_cpu_with_amx_builds_without_llama_cpps_amx_kernels() -> None:
+    choice = choose(fake_machine(native=AMX_CPU))
+    assert choice.backend == "cpu" and choice.cmake_args == buildenv.NO_AMX_ARGS
+    assert choice.key != "cpu"  # its own wheel folder: never the cached build that has them
+    assert "AMX" in choice.line and "crash" in choice.line
+    assert "-mno-amx-int8" in choice.cmake_args.split("-DCMAKE_CXX_FLAGS=")[1]  # amx.cpp is C++
+    plain = choose(fake_machine(native=AVX512_CPU))
+    assert (plain.cmake_args, plain.key) == ("", "cpu")
+    assert choose(fake_machine(native=AMX_CPU, arch="aarch64")).cmake_args == ""  # not asked off x86
+
+
+def test_a_gpu_build_on_an_amx_host_leaves_them_out_too_and_so_does_its_cpu_fallback() -> None:
+    m = fake_machine(native=AMX_CPU, path={"nvcc": "/usr/local/cuda/bin/nvcc"}, smi=GPU_3090, smi_list=(0, "GPU 0"))
+    choice = choose(m)
+    assert choice.backend == "cuda" and "-DGGML_CUDA=on" in choice.cmake_args
+    assert choice.cmake_args.endswith(buildenv.NO_AMX_ARGS)
+    assert buildenv.cpu_fallback(choice).cmake_args == buildenv.NO_AMX_ARGS
+    assert buildenv.cpu_fallback(CUDA).cmake_args == ""
+
+
+def test_a_users_cmake_args_stay_untouched_on_an_amx_host() -> None:
+    choice = choose(fake_machine(native=AMX_CPU, env={"CMAKE_ARGS": "-DGGML_NATIVE=off"}))
+    assert choice.cmake_args == "-DGGML_NATIVE=off"
 
 
 def test_toolkit_and_driver_build_cuda_for_the_gpus_present() -> None:

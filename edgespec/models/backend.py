@@ -158,6 +158,28 @@ def gpu_devices() -> list[Device]:
     return [d for d in backend_devices() if d.kind in ("GPU", "iGPU")]
 
 
+def amx_kernels() -> bool:
+    """Whether this llama.cpp build runs weights through its AMX kernels on this CPU.
+
+    They crash the process on the first decode of more than one token with K-quant weights (a segfault in
+    ggml_backend_amx_mul_mat on a 2-token decode of the Qwen 1.5B Q4_K_M; llama.cpp issue 20824), and llama.cpp
+    has no switch for them alone: a model loaded with such a build goes without weight repacking (plain decoding
+    of the 1.5B measured 16 -> 12.5 tok/s on that CPU, where `make setup`'s build without AMX repacks). Said once.
+    """
+    global _amx_said
+    found = "AMX_INT8 = 1" in system_info()
+    if found and not _amx_said:
+        _amx_said = True
+        log.warning(
+            "this llama.cpp build has AMX kernels, which crash on batches of K-quant weights (llama.cpp issue "
+            "20824): weights load without repacking, slower; `make setup` builds llama-cpp-python without them"
+        )
+    return found
+
+
+_amx_said = False
+
+
 def system_info() -> str:
     """llama.cpp's one line on what this build uses (CPU features, backends)."""
     _init_backend()
@@ -507,7 +529,8 @@ class Model:
 
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = n_gpu_layers
-        model_params.use_extra_bufts = not bit_exact
+        # Repacked weights, unless bit-exact, or unless repacking would put them in llama.cpp's AMX buffers.
+        model_params.use_extra_bufts = not bit_exact and not amx_kernels()
         if progress is not None:
             # Keep the ctypes callback alive as long as the load runs (a collected callback would crash).
             def _on_progress(fraction: float, _user: ctypes.c_void_p) -> bool:
