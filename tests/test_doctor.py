@@ -138,6 +138,14 @@ def test_a_cpu_build_on_a_gpu_machine_is_pointed_out(monkeypatch: pytest.MonkeyP
     assert "advice" not in doctor_module.setup_section({"gpu_offload": True})
 
 
+def test_a_build_with_amx_kernels_is_pointed_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EDGESPEC_BACKEND", "cpu")
+    amx = {"gpu_offload": False, "system_info": "CPU : AVX512 = 1 | AVX512_VNNI = 1 | AMX_INT8 = 1 | REPACK = 1 |"}
+    setup = doctor_module.setup_section(amx)
+    assert "AMX" in setup["advice"] and "make setup" in setup["advice"]
+    assert "advice" not in doctor_module.setup_section({**amx, "system_info": "CPU : AVX512 = 1 | REPACK = 1 |"})
+
+
 @pytest.mark.real
 def test_offload_plan_for_the_default_pair(qwen_target_path: Path, qwen_draft_path: Path) -> None:
     plan = doctor_module.offload_section(4096)

@@ -91,6 +91,12 @@ def setup_section(build: dict[str, Any]) -> dict[str, Any]:
             f"this machine can use {choice.backend}, but the installed llama-cpp-python is CPU-only: "
             "`rm .venv/.installed && make setup` rebuilds it"
         )
+    elif "AMX_INT8 = 1" in str(build.get("system_info", "")):
+        out["advice"] = (
+            "the installed llama-cpp-python has llama.cpp's AMX kernels, which crash on batches of K-quant weights: "
+            "edgespec loads weights without repacking around them (slower); `rm .venv/.installed && make setup` "
+            "builds it without them"
+        )
     return out
 
 
