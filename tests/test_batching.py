@@ -325,3 +325,26 @@ def test_the_shared_cost_curve_takes_the_calibration_once_per_readout(monkeypatc
     sampled = SamplingParams(temperature=0.8, top_k=40, max_tokens=4, seed=1)
     runtime.generate_many([ENGINE_PROMPT, [3, *ENGINE_PROMPT]], sampled)  # another readout: its own costs, once
     assert len(given) == 2 and given[0] and not given[1]
+
+
+def test_a_request_that_ends_while_another_thread_steps_frees_its_lane_when_that_step_ends() -> None:
+    """Retiring never waits for a moment with no step: the stepper takes its role again as soon as it has handed out
+    its own events, so a finished request waiting for one held its lane for dozens of steps (half the lanes idle
+    through a bench's second wave). It is queued, and the step's end frees it."""
+    target, draft = models(2)
+    engine = Engine(target, draft, draft_len=0, parallel=2)
+    params = SamplingParams(temperature=0.0, max_tokens=3)
+    stream = engine.stream(ENGINE_PROMPT, params)
+    assert isinstance(next(stream), Chunk)  # admitted, prefilled and in rounds on a lane
+    lane = engine._active[0].lane
+    other = threading.Thread(target=lambda: None)
+    with engine._cond:
+        engine._stepper = other  # another thread's step under way
+    closing = threading.Thread(target=stream.close)
+    closing.start()
+    closing.join(5.0)
+    assert not closing.is_alive(), "retiring waited for the step to end"
+    assert lane.busy and engine.active == 1  # not under the step's feet
+    engine._release()  # the step ends
+    assert not lane.busy and engine.active == 0 and not engine._active
+    assert isinstance(list(engine.stream(ENGINE_PROMPT, params))[-1], Finished)  # the engine serves on
