@@ -164,7 +164,8 @@ def amx_kernels() -> bool:
     They crash the process on the first decode of more than one token with K-quant weights (a segfault in
     ggml_backend_amx_mul_mat on a 2-token decode of the Qwen 1.5B Q4_K_M; llama.cpp issue 20824), and llama.cpp
     has no switch for them alone: a model loaded with such a build goes without weight repacking (plain decoding
-    of the 1.5B measured 16 -> 12.5 tok/s on that CPU, where `make setup`'s build without AMX repacks). Said once.
+    of the 1.5B measured 12.5 tok/s on that CPU, and 14.6 with `make setup`'s build without AMX, which repacks).
+    Said once.
     """
     global _amx_said
     found = "AMX_INT8 = 1" in system_info()
