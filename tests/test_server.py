@@ -353,8 +353,10 @@ def test_max_completion_tokens_limits_a_sampled_chat_reply(client: openai.OpenAI
     assert reply.usage.completion_tokens == 5 and reply.choices[0].finish_reason == "length"
     assert reply.choices[0].message.content == both.choices[0].message.content
     longer = client.chat.completions.create(**common, max_completion_tokens=9)
-    assert longer.usage.completion_tokens == 9
-    assert longer.choices[0].message.content.startswith(reply.choices[0].message.content)
+    # Not a continuation of the 5-token reply: a seeded sampled reply draws its uniforms in the order its drafts
+    # need them, and the drafts planned depend on the tokens left (seen on a Xeon with AMX: "The dragon is a
+    # legendary" at 5, "The dragon is a timeless and enduring legend," at 9). Each is its target's distribution.
+    assert longer.usage.completion_tokens == 9 and longer.choices[0].finish_reason == "length"
 
 
 def test_four_concurrent_streaming_clients(live: LiveServer, monkeypatch: pytest.MonkeyPatch):
@@ -632,7 +634,9 @@ def test_a_frequency_penalty_breaks_a_loop_through_the_openai_client(live: LiveS
         return out.choices[0].text
 
     looping = complete()
-    assert looping.split().count("ha") > 20, looping  # it loops
+    # It loops (how long before it breaks off depends on the CPU's kernels: 11 of 32 tokens on a Xeon with AMX, over
+    # 20 on the dev CPU).
+    assert looping.split().count("ha") > 8, looping
     penalised = complete(frequency_penalty=1.5)
     assert penalised.split().count("ha") < 5, penalised
     assert penalised == live.python_api(prompt, 32, temperature=0, frequency_penalty=1.5)[0]
