@@ -257,6 +257,7 @@ def test_llama_cpp_runs_the_forward_passes_decode_passes_predicts(tiny_model_pat
     monkeypatch.setenv("LLAMA_BATCH_DEBUG", "1")
     model = Model(tiny_model_path, n_ctx=256, n_batch=16, n_seq=4)
     monkeypatch.delenv("LLAMA_BATCH_DEBUG")
+    assert model.decode_passes({0: 1, 2: 1, 3: 1}) == [4]  # what the layouts below check against llama.cpp
     prompt = model.tokenize("The capital of France is")
     try:
         for slot in model.slots:
@@ -264,7 +265,8 @@ def test_llama_cpp_runs_the_forward_passes_decode_passes_predicts(tiny_model_pat
         layouts = [
             {2: 1, 0: 1, 3: 1, 1: 1},  # given out of order: one pass only because decode_batch lists them by id
             {3: 4, 0: 1, 1: 1, 2: 1},
-            {0: 1, 2: 1, 3: 1},
+            {0: 1, 2: 1, 3: 1},  # a gap: a throw-away token of sequence 1 keeps it one pass
+            {0: 1, 3: 1},
             {0: 2, 1: 1, 2: 2, 3: 1},
             {1: 9, 0: 9},  # two llama_decode calls of n_batch=16
         ]
@@ -284,6 +286,11 @@ def test_llama_cpp_runs_the_forward_passes_decode_passes_predicts(tiny_model_pat
                     passes.append(int(found.group(1)))
                     added = False
             assert passes == model.decode_passes(layout), layout
+            # A sequence filled in keeps the KV it had: its next decode goes on where it left off.
+            for slot in model.slots:
+                assert slot.kv_tokens == prompt + ([7] * layout[slot.seq_id] if slot.seq_id in layout else []), layout
+                pos_max = llama_cpp.llama_memory_seq_pos_max(model._mem, slot.seq_id)
+                assert pos_max == len(slot.kv_tokens) - 1, layout
             # Each part's rows come back in the order the parts were given, whatever order the batch ran them in.
             for (slot, tokens, rows, _), row in zip(parts, scores, strict=True):
                 slot.truncate(len(prompt))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec.models.microbatch import decode_passes, split_equal
+from edgespec.models.microbatch import FILLERS_PER_PASS_SAVED, decode_passes, fill_gaps, split_equal
 
 
 @pytest.mark.parametrize(
@@ -39,3 +39,24 @@ def test_a_batch_goes_to_llama_decode_n_batch_tokens_at_a_time() -> None:
     assert decode_passes({0: 9, 1: 9}, n_batch=16, per_sequence_kv=False) == [16, 2]
     with pytest.raises(ValueError, match="n_batch"):
         decode_passes({0: 1}, n_batch=0)
+
+
+def test_a_gap_between_busy_sequences_is_filled_when_that_saves_a_pass() -> None:
+    # One token of 0, 2 and 3 is two passes (1, then 2); with a filler in 1, one pass of 4.
+    assert fill_gaps({0: 1, 2: 1, 3: 1}, 512) == {0: 1, 1: 1, 2: 1, 3: 1}
+    assert decode_passes({0: 1, 2: 1, 3: 1}, 512, gaps_filled=True) == [4]
+    assert decode_passes({2: 1, 0: 1}, 512, gaps_filled=True) == [3]
+    assert fill_gaps({0: 1, 2: 1, 3: 4}, 512) == {0: 1, 1: 1, 2: 1, 3: 4}  # 3 passes become 2
+    # Nothing to fill: consecutive ids, a sequence alone, none; a sequence with no tokens is not in the decode.
+    assert fill_gaps({1: 1, 2: 3}, 512) == {1: 1, 2: 3}
+    assert fill_gaps({3: 5}, 512) == {3: 5}
+    assert fill_gaps({}, 512) == {}
+    assert fill_gaps({0: 1, 1: 0, 2: 1}, 512) == {0: 1, 1: 1, 2: 1}
+    # A prompt chunk beside one row: a pass for each either way, so no filler.
+    assert fill_gaps({0: 60, 2: 1}, 512) == {0: 60, 2: 1}
+    # More fillers than the passes they save are worth: left as it is.
+    wide = {0: 1, FILLERS_PER_PASS_SAVED + 2: 1}
+    assert fill_gaps(wide, 512) == wide
+    assert decode_passes(wide, 512, gaps_filled=True) == [1, 1]
+    # One KV buffer has no gaps to fill: the filled layout is for a buffer per sequence only.
+    assert decode_passes({0: 1, 2: 1, 3: 1}, 512, per_sequence_kv=False, gaps_filled=True) == [3]

@@ -28,7 +28,7 @@ import llama_cpp
 import numpy as np
 
 from edgespec.errors import ContextOverflowError, ModelError
-from edgespec.models.microbatch import decode_passes
+from edgespec.models.microbatch import decode_passes, fill_gaps
 from edgespec.models.offload import Need, describe, plan_layers
 from edgespec.sampling import LOGITS, Candidates, Readout, Scores
 
@@ -39,6 +39,7 @@ MAX_ROWS = 65
 # differently from the per-row dot products of smaller batches: a bit-exact verify stays below it.
 BIT_EXACT_MAX_ROWS = 7
 GGML_TYPE_BF16 = 30  # enum ggml_type
+FILLER_TOKEN = 0  # what a sequence in a gap decodes (and drops): any token will do
 
 log = logging.getLogger("edgespec.models.backend")
 
@@ -721,10 +722,6 @@ class Model:
         llama.cpp aborts the process (a GGML_ASSERT) on some batches it cannot take, so what it would refuse is
         refused here first: more than :data:`MAX_ROWS` rows in all, a slot of another model, a sequence twice.
         """
-        # Listed in ascending sequence id: llama.cpp runs a pass per run of consecutive ids in the order the batch
-        # lists them (see edgespec.models.microbatch), so one token of sequences 2, 0, 3, 1 would be two passes.
-        order = sorted(range(len(parts)), key=lambda p: parts[p][0].seq_id)
-        parts = [parts[p] for p in order]
         n_rows = 0
         seen: set[int] = set()
         for slot, tokens, rows, readout in parts:
@@ -735,6 +732,13 @@ class Model:
             slot._check(tokens, rows, readout)
         if n_rows > MAX_ROWS:
             raise ValueError(f"{n_rows} rows in one decode: llama.cpp's output buffers hold {MAX_ROWS}")
+        # Listed in ascending sequence id: llama.cpp runs a pass per run of consecutive ids in the order the batch
+        # lists them (see edgespec.models.microbatch), so one token of sequences 2, 0, 3, 1 would be two passes;
+        # with a throw-away token of each sequence in a gap (index None), dropped after the decode.
+        fillers = self._fillers({slot.seq_id: len(tokens) for slot, tokens, _, _ in parts})
+        listed = sorted([*enumerate(parts), *((None, f) for f in fillers)], key=lambda ip: ip[1][0].seq_id)
+        order: list[int | None] = [i for i, _ in listed]
+        parts = [part for _, part in listed]
         # A readout llama.cpp refused to run in its graph is read as whole rows and selected here.
         kinds = [LOGITS if readout in self._refused else readout for _, _, _, readout in parts]
         outs = [_allocate(kind, len(rows), self.n_vocab) for kind, (_, _, rows, _) in zip(kinds, parts, strict=True)]
@@ -752,18 +756,36 @@ class Model:
             for (slot, _, _, _), start in zip(parts, starts, strict=True):
                 llama_cpp.llama_memory_seq_rm(self._mem, slot.seq_id, start, -1)
             raise
-        for slot, tokens, _, _ in parts:
-            slot.kv_tokens.extend(tokens)
+        for p, (slot, tokens, _, _), start in zip(order, parts, starts, strict=True):
+            if p is None:
+                llama_cpp.llama_memory_seq_rm(self._mem, slot.seq_id, start, -1)
+            else:
+                slot.kv_tokens.extend(tokens)
         self.busy_seconds += busy
-        scores: list[Scores] = [None] * len(parts)  # type: ignore[list-item]  # each filled below, in given order
+        scores: list[Scores] = [None] * (len(parts) - len(fillers))  # type: ignore[list-item]  # in given order
         for p, kind, out, (_, _, rows, readout) in zip(order, kinds, outs, parts, strict=True):
-            scores[p] = _emulate(readout, out) if kind is not readout and len(rows) else out
+            if p is not None:
+                scores[p] = _emulate(readout, out) if kind is not readout and len(rows) else out
         return scores
+
+    def _fillers(self, tokens_by_seq: dict[int, int]) -> list[Part]:
+        """A throw-away token for each sequence in a gap between those in a decode, where that saves llama.cpp
+        passes (:func:`~edgespec.models.microbatch.fill_gaps`): at the end of what that sequence's KV holds, which
+        has room for it. None bit-exact: a filler widens the batch past the sizes that round as a single step."""
+        if self.n_seq < 2 or self.bit_exact:
+            return []
+        layout = fill_gaps(tokens_by_seq, self.n_batch)
+        fillers = [self.slots[s] for s in layout if s not in tokens_by_seq]
+        if any(len(slot.kv_tokens) >= self.n_ctx for slot in fillers):
+            return []
+        return [(slot, (FILLER_TOKEN,), (), LOGITS) for slot in fillers]
 
     def decode_passes(self, tokens_by_seq: Mapping[int, int]) -> list[int]:
         """The token counts of the forward passes llama.cpp runs for one :meth:`decode_batch` that carries
         ``tokens_by_seq[s]`` tokens of sequence ``s`` (see :mod:`edgespec.models.microbatch`)."""
-        return decode_passes(tokens_by_seq, self.n_batch, per_sequence_kv=self.n_seq > 1)
+        return decode_passes(
+            tokens_by_seq, self.n_batch, per_sequence_kv=self.n_seq > 1, gaps_filled=not self.bit_exact
+        )
 
     def rehearse(self, tokens: Sequence[int], rows: Sequence[int], readout: Readout, start: int) -> None:
         """All that :meth:`decode` does in Python for sequence 0 at ``start``, the checks and filling the batch, but
