@@ -425,12 +425,13 @@ class Engine:
         self.step_sequences += len(live)
         if shared and not prefills:  # the decode's cost at its width, once (a prompt chunk in it is not a row's cost)
             # The shared curve prices one forward pass: a decode llama.cpp split into several is not a point on it.
-            one_pass = len(self._split({g.lane.index: g.rows for g in live})) == 1
-            if self._curve is not None and one_pass:
-                self._curve.add(rows, t_verify)
+            # A pass's width counts the throw-away tokens of lanes in a gap (see microbatch.fill_gaps).
+            passes = self._split({g.lane.index: g.rows for g in live})
+            if self._curve is not None and len(passes) == 1:
+                self._curve.add(passes[0], t_verify)
             for generation in live:
                 if generation.controller is not generation.lane.auto:
-                    generation.controller.record_decode(rows, t_verify)
+                    generation.controller.record_decode(sum(passes), t_verify)
         # 3.-5. Accept, roll back, update: each request on its own.
         for generation, row_scores in zip(live, scores[: len(live)], strict=True):
             try:
