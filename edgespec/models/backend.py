@@ -558,7 +558,8 @@ class Model:
         # A KV buffer per sequence (kv_unified off), although llama.cpp then splits a decode into micro-batches of
         # consecutive sequence ids that each take the same number of tokens from every sequence in it
         # (split_equal): sequences with 1, 1, 1 and 3 rows run as a pass of 4 rows, then one of 2, so a draft
-        # beside other requests costs a whole extra forward pass (so do a prompt chunk and a gap in the busy ids).
+        # beside other requests costs a whole extra forward pass (so does a prompt chunk; a gap in the busy ids is
+        # filled with a throw-away token, see _fillers).
         # One pool of cells (kv_unified on) makes every decode one pass, and measured faster (Qwen 1.5B, 4 clients
         # of plain decoding, 2-core CPU, alternating in one process: creative 12.4 -> 13.8 tok/s, code-edit 11.3 ->
         # 12.3), but there a seeded request at temperature 1.5 sent twice gave other text the second time
@@ -757,10 +758,12 @@ class Model:
                 llama_cpp.llama_memory_seq_rm(self._mem, slot.seq_id, start, -1)
             raise
         for p, (slot, tokens, _, _), start in zip(order, parts, starts, strict=True):
-            if p is None:
-                llama_cpp.llama_memory_seq_rm(self._mem, slot.seq_id, start, -1)
-            else:
+            if p is not None:
                 slot.kv_tokens.extend(tokens)
+            elif not llama_cpp.llama_memory_seq_rm(self._mem, slot.seq_id, start, -1):
+                # A memory that cannot drop part of a sequence (recurrent) would keep the filler: start it over.
+                llama_cpp.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)
+                del slot.kv_tokens[:]
         self.busy_seconds += busy
         scores: list[Scores] = [None] * (len(parts) - len(fillers))  # type: ignore[list-item]  # in given order
         for p, kind, out, (_, _, rows, readout) in zip(order, kinds, outs, parts, strict=True):
