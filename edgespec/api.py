@@ -81,6 +81,7 @@ class Runtime:
         cancel: threading.Event | None = None,
         draft_len: int | str | None = None,
         lookup: bool | None = None,
+        cache_prompt: bool = True,
     ) -> Iterator[Event]:
         """Yield :class:`Chunk` events as tokens are committed, then one :class:`Finished`.
 
@@ -88,12 +89,15 @@ class Runtime:
         ``cancel`` stops this request after its current round (:meth:`cancel` stops every running one); the
         runtime stays usable. Several threads may stream at once: a runtime loaded with ``parallel=N`` runs up to
         N requests in the same decodes, and the rest wait their turn. ``draft_len`` and ``lookup`` override
-        :meth:`set_draft_len` and :meth:`set_lookup` for this request only.
+        :meth:`set_draft_len` and :meth:`set_lookup` for this request only. ``cache_prompt=False`` decodes the whole
+        prompt again even where the KV cache already holds part of it (llama-server's ``cache_prompt``).
         """
         params = params or SamplingParams()
         tokens = self.engine.target.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         self._cancel = cancel or threading.Event()
-        return self.engine.stream(tokens, params, cancel=self._cancel, draft_len=draft_len, lookup=lookup)
+        return self.engine.stream(
+            tokens, params, cancel=self._cancel, draft_len=draft_len, lookup=lookup, cache_prompt=cache_prompt
+        )
 
     def generate(
         self,

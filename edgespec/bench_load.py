@@ -19,7 +19,12 @@ server without batching gives them (time to first token includes the wait).
 
 llama.cpp's own server is a peer when its binary is on PATH (``llama-server``): started per level with ``-np N``
 (continuous batching over a unified KV cache), plain and with the draft model (``-md``), fed the same prompt tokens
-through its ``/completion`` endpoint with prompt caching off.
+through its ``/completion`` endpoint with prompt caching off. With ``serve``, ``edgespec serve`` is one too, on the
+same model files: ``--parallel N`` (auto), and at levels above 1 ``--parallel 1``, the server that takes one request
+at a time; fed through ``/v1/completions``, so the HTTP layer, its worker and its streaming are in the times.
+
+No run reuses a prompt's KV: the engines' requests are sent with ``cache_prompt=False``, the servers' too, so that a
+class's repeated prompts (its second wave) are prefilled again, as the first were.
 
 Ratios are measured side by side in one run; nothing here asserts a time.
 """
@@ -30,6 +35,7 @@ import json
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -46,6 +52,8 @@ if TYPE_CHECKING:
 
 LLAMA_SERVER = "llama-server"
 PEER_PLAIN, PEER_DRAFT = "llama-server", "llama-server-draft"
+SERVE, SERVE_SERIAL = "edgespec-serve", "edgespec-serve-1"  # edgespec serve --parallel N, and --parallel 1
+HTTP_PEERS = (PEER_PLAIN, PEER_DRAFT, SERVE, SERVE_SERIAL)
 SERIAL = "auto-serial"  # auto on one lane: the requests wait for each other
 SERVER_START_SECONDS = 180.0  # loading both models on a slow machine
 REQUEST_SECONDS = 600.0
@@ -107,7 +115,7 @@ def engine_runner(engine: Engine) -> Runner:
     from edgespec.events import Finished
 
     def run(prompt: list[int], params: SamplingParams, request: Request, t0: float) -> None:
-        for event in engine.stream(prompt, params):
+        for event in engine.stream(prompt, params, cache_prompt=False):
             if request.first is None and event.tokens:
                 request.first = time.perf_counter() - t0
             if isinstance(event, Finished):
@@ -171,10 +179,12 @@ def run_load_bench(
     peers: bool = True,
     repeats: int = 1,
     on_run: Callable[[LoadRecord], None] | None = None,
+    serve: bool = False,
 ) -> tuple[list[LoadRecord], list[str]]:
     """Every (level, class, strategy, round) run, and notes on what was skipped (a peer not on PATH).
 
-    ``auto-serial`` runs in the first round only: it is the reference for time to first token, not a ratio."""
+    ``auto-serial`` and ``edgespec-serve-1`` run in the first round only: they are the references for time to
+    first token, not ratios. ``serve``: ``edgespec serve`` as a peer (a second copy of the models in memory)."""
     from edgespec.bench import WARMUP_TOKENS, _engine_for
 
     names = [s for s in parse_strategies(strategies, has_draft=draft is not None) if not s.startswith("llama-cpp")]
@@ -207,13 +217,20 @@ def run_load_bench(
         if level > 1 and "auto" in names:
             # What a server that takes one request at a time gives the same clients: they queue.
             runners[SERIAL] = engine_runner(_engine_for("auto", target, draft, lookup_len, p_min, parallel=1))
-        servers: list[LlamaServer] = []
+        servers: list[HttpPeer] = []
         try:
             if binary is not None:
                 for name, with_draft in ((PEER_PLAIN, False), (PEER_DRAFT, True)):
                     if with_draft and draft is None:
                         continue
                     server = LlamaServer(binary, target, draft if with_draft else None, level)
+                    servers.append(server)
+                    runners[name] = server.runner()
+            if serve:
+                for name, parallel in ((SERVE, level), (SERVE_SERIAL, 1)):
+                    if name == SERVE_SERIAL and level == 1:
+                        continue
+                    server = EdgespecServer(target, draft, parallel)
                     servers.append(server)
                     runners[name] = server.runner()
             for name, runner in runners.items():  # first calls pay one-off costs (and auto's calibration)
@@ -228,11 +245,12 @@ def run_load_bench(
                 want = max(len(jobs), level if level == 1 else 2 * level)
                 jobs = (jobs * -(-want // len(jobs)))[:want]
                 for round_ in range(repeats):
-                    names_now = [n for n in runners if round_ == 0 or n != SERIAL]
+                    names_now = [n for n in runners if round_ == 0 or n not in (SERIAL, SERVE_SERIAL)]
                     turn = (i + round_) % len(names_now)
                     for name in names_now[turn:] + names_now[:turn]:
-                        if task.name in peerless and name in (PEER_PLAIN, PEER_DRAFT):
-                            note = f"{task.name}: {LLAMA_SERVER} is not run (its tool-call prompts need a grammar)"
+                        if task.name in peerless and name in HTTP_PEERS:
+                            server_name = LLAMA_SERVER if name in (PEER_PLAIN, PEER_DRAFT) else "edgespec serve"
+                            note = f"{task.name}: {server_name} is not run (its tool-call prompts need a grammar)"
                             if note not in notes:
                                 notes.append(note)
                             continue
@@ -325,22 +343,17 @@ def records_json(records: Sequence[LoadRecord]) -> list[dict[str, Any]]:
     ]
 
 
-# ----- llama-server as a peer --------------------------------------------------------------------------------
-class LlamaServer:
-    """llama.cpp's ``llama-server`` on the target (and draft) file with ``-np N``, on a free port of 127.0.0.1."""
+# ----- servers as peers ---------------------------------------------------------------------------------------
+class HttpPeer:
+    """A server process on a free port of 127.0.0.1, ready once its ``/health`` answers 200; closed by the bench."""
 
-    def __init__(self, binary: str, target: Model, draft: Model | None, parallel: int) -> None:
+    name = "server"
+
+    def _start(self, args_for_port: Callable[[int], list[str]]) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        args = [
-            binary, "-m", str(target.path), "--host", "127.0.0.1", "--port", str(self.port),
-            "-np", str(parallel), "-c", str(target.n_ctx * parallel), "-t", str(target.n_threads),
-            "-ngl", str(target.n_gpu_layers if target.n_gpu_layers >= 0 else 999),
-        ]  # fmt: skip
-        if draft is not None:
-            args += ["-md", str(draft.path), "-ngld", str(draft.n_gpu_layers if draft.n_gpu_layers >= 0 else 999)]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.process = subprocess.Popen(args_for_port(self.port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.url = f"http://127.0.0.1:{self.port}"
         self._wait_ready()
 
@@ -350,7 +363,7 @@ class LlamaServer:
         deadline = time.monotonic() + SERVER_START_SECONDS
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise EdgespecError(f"{LLAMA_SERVER} exited with code {self.process.returncode} while loading")
+                raise EdgespecError(f"{self.name} exited with code {self.process.returncode} while loading")
             try:
                 if httpx.get(self.url + "/health", timeout=2).status_code == 200:
                     return
@@ -358,7 +371,42 @@ class LlamaServer:
                 pass
             time.sleep(0.2)
         self.close()
-        raise EdgespecError(f"{LLAMA_SERVER} did not become ready in {SERVER_START_SECONDS:.0f} s")
+        raise EdgespecError(f"{self.name} did not become ready in {SERVER_START_SECONDS:.0f} s")
+
+    def runner(self) -> Runner:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+
+def _gpu_layers(model: Model) -> str:
+    return str(model.n_gpu_layers if model.n_gpu_layers >= 0 else 999)
+
+
+class LlamaServer(HttpPeer):
+    """llama.cpp's ``llama-server`` on the target (and draft) file with ``-np N``."""
+
+    name = LLAMA_SERVER
+
+    def __init__(self, binary: str, target: Model, draft: Model | None, parallel: int) -> None:
+        def args(port: int) -> list[str]:
+            cmd = [
+                binary, "-m", str(target.path), "--host", "127.0.0.1", "--port", str(port),
+                "-np", str(parallel), "-c", str(target.n_ctx * parallel), "-t", str(target.n_threads),
+                "-ngl", _gpu_layers(target),
+            ]  # fmt: skip
+            if draft is not None:
+                cmd += ["-md", str(draft.path), "-ngld", _gpu_layers(draft)]
+            return cmd
+
+        self._start(args)
 
     def runner(self) -> Runner:
         import httpx
@@ -389,14 +437,56 @@ class LlamaServer:
 
         return run
 
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+
+class EdgespecServer(HttpPeer):
+    """``edgespec serve --parallel N`` on the bench's model files and settings (auto speculation), in a process of its
+    own, fed through ``/v1/completions`` with prompt caching off."""
+
+    name = "edgespec serve"
+
+    def __init__(self, target: Model, draft: Model | None, parallel: int) -> None:
+        def args(port: int) -> list[str]:
+            cmd = [
+                sys.executable, "-m", "edgespec", "serve", "--target", str(target.path), "--port", str(port),
+                "--parallel", str(parallel), "--n-ctx", str(target.n_ctx), "--threads", str(target.n_threads),
+                "-ngl", _gpu_layers(target), "--draft-len", "auto",
+            ]  # fmt: skip
+            cmd += ["--draft", "none"] if draft is None else ["--draft", str(draft.path), "-ngld", _gpu_layers(draft)]
+            return cmd + (["--bit-exact"] if getattr(target, "bit_exact", False) else [])
+
+        self._start(args)
+
+    def runner(self) -> Runner:
+        import httpx
+
+        def run(prompt: list[int], params: SamplingParams, request: Request, t0: float) -> None:
+            body: dict[str, Any] = {
+                "prompt": prompt, "max_tokens": params.max_tokens, "temperature": params.temperature,
+                "top_k": params.top_k, "top_p": params.top_p, "min_p": params.min_p, "seed": params.seed or 0,
+                "stream": True, "cache_prompt": False,
+            }  # fmt: skip
+            if params.constraint is not None:  # a schema class (tool-call classes are not sent: see peerless)
+                schema = json.loads(params.constraint.text)
+                body["response_format"] = {"type": "json_schema", "json_schema": {"name": "bench", "schema": schema}}
+            with httpx.stream("POST", self.url + "/v1/completions", json=body, timeout=REQUEST_SECONDS) as response:
+                response.raise_for_status()
+                for line in response.iter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    data = json.loads(line[6:])
+                    if "error" in data:
+                        raise EdgespecError(f"edgespec serve: {data['error'].get('message', data['error'])}")
+                    if request.first is None and any(c.get("text") for c in data.get("choices", ())):
+                        request.first = time.perf_counter() - t0
+                    timings = data.get("timings")
+                    if timings:
+                        request.generated = int(timings.get("predicted_n") or 0)
+                        request.drafted = int(timings.get("draft_n") or 0)
+                        request.accepted = int(timings.get("draft_n_accepted") or 0)
+            request.end = time.perf_counter() - t0
+            request.sampling_path = "edgespec serve"
+
+        return run
 
 
 def default_levels(text: str) -> list[int]:

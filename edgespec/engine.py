@@ -194,17 +194,20 @@ class Engine:
         cancel: threading.Event | None = None,
         draft_len: int | str | None = None,
         lookup: bool | None = None,
+        cache_prompt: bool = True,
     ) -> Iterator[Event]:
         """Generate after the prompt tokens; yield a :class:`Chunk` per round and a :class:`Finished` at the end.
 
         Bad input (an empty prompt, a request that cannot fit the context) raises here, before any work. With
         every lane taken, the request waits for one (first come, first served) when iterated; ``cancel`` ends
         the wait too. ``draft_len`` and ``lookup`` override the engine's settings for this request only.
+        ``cache_prompt=False`` decodes the whole prompt even where a lane's KV already holds part of it.
         """
         settings = _RequestSettings(
             parse_draft_len(draft_len) if draft_len is not None else self.draft_len,
             self._fixed_drafter,
             self._lookup_on if lookup is None else lookup,
+            cache_prompt,
         )
         if draft_len is not None:
             self._check_draft_len(settings.draft_len)
@@ -305,7 +308,7 @@ class Engine:
                 target = self.target
                 generation = Generation(
                     lane, prompt, params, controller, settings.headroom(self.max_gamma), lookup, cancel,
-                    target.is_eog, target.token_text, target.piece, constraint,
+                    target.is_eog, target.token_text, target.piece, constraint, settings.cache_prompt,
                 )  # fmt: skip
             except BaseException:
                 lane.busy = False  # the request never began: its lane is free again
@@ -497,7 +500,7 @@ class Engine:
         chunk = PREFILL_CHUNK if others_in_rounds and not bit_exact else self.target.n_batch * 64
         for generation in joining:
             try:
-                if not generation.prefill_begun and not generation.scores_prompt:
+                if not generation.prefill_begun and not generation.scores_prompt and generation.cache_prompt:
                     self._share_prefix(generation)
                 part = generation.prefill_part(chunk)
                 if part is None:  # the lane's KV already held the whole prompt
@@ -623,6 +626,7 @@ class _RequestSettings:
     draft_len: int | str
     fixed_drafter: str | None
     lookup: bool
+    cache_prompt: bool = True
 
     def headroom(self, max_gamma: int) -> int:
         return self.draft_len if isinstance(self.draft_len, int) else max_gamma

@@ -77,8 +77,13 @@ class Generation:
         token_text,
         piece,
         constraint: Constraint | None = None,
+        cache_prompt: bool = True,
     ) -> None:
         self.lane = lane
+        # Whether the prefix of the prompt that the lane's KV already holds is kept (llama-server's cache_prompt):
+        # off, the whole prompt is decoded again, as for a client that asked for no caching (and a benchmark whose
+        # time to first token must include every prompt's prefill).
+        self.cache_prompt = cache_prompt
         self.params = params
         self.controller = controller
         self.max_gamma = max_gamma  # a fixed γ drafts exactly that far; auto up to max_gamma
@@ -126,7 +131,10 @@ class Generation:
         want = self.ctx[:-1]
         if self._prefill_start is None:
             # Scoring the prompt needs every position's row: nothing is kept then.
-            target.truncate(0 if self.scores_prompt else common_prefix(target.kv_tokens, want))
+            keep = self.cache_prompt and not self.scores_prompt
+            target.truncate(common_prefix(target.kv_tokens, want) if keep else 0)
+            if not self.cache_prompt and self.lane.draft is not None:
+                self.lane.draft.truncate(0)  # the draft model, too, catches up on the whole prompt
             self._prefill_start = len(target.kv_tokens)
             self.tally.prefilled = len(want) - self._prefill_start
         have = len(target.kv_tokens)

@@ -304,6 +304,41 @@ def test_a_prompt_another_lane_holds_is_copied_not_prefilled_again() -> None:
     assert draft.copies  # the draft model's KV too
 
 
+def test_cache_prompt_false_prefills_the_whole_prompt_again_and_gives_the_same_reply(monkeypatch) -> None:
+    """llama-server's cache_prompt: off, neither the lane's own KV nor another lane's copy stands in for the prompt
+    (the load bench sends every request so, for a time to first token that includes its prefill)."""
+    target = FakeModel(eos_bias=-9, n_seq=2, n_ctx=512)
+    draft = FakeModel(seed=1, noise=1.0, eos_bias=-9, n_seq=2, n_ctx=512)
+    engine = Engine(target, draft, draft_len=2)
+    long_prompt = [1 + (i * 7) % 11 for i in range(100)]
+    greedy = SamplingParams(temperature=0, max_tokens=6)
+    cached = list(engine.stream(long_prompt, greedy))[-1]
+    again = list(engine.stream(long_prompt, greedy))[-1]
+    fresh = list(engine.stream(long_prompt, greedy, cache_prompt=False))[-1]
+    assert cached.tokens == again.tokens == fresh.tokens == tuple(plain_greedy(long_prompt, 6, target))
+    assert (cached.stats.prefilled_tokens, again.stats.prefilled_tokens, fresh.stats.prefilled_tokens) == (99, 0, 99)
+    # Nor is another lane's KV copied: the engine does not look for one.
+    looked: list[bool] = []
+    monkeypatch.setattr(Engine, "_share_prefix", lambda self, g: looked.append(g.cache_prompt))
+    Runtime(engine).generate_many([long_prompt] * 2, greedy)
+    for events in _interleave([engine.stream(long_prompt, greedy, cache_prompt=False) for _ in range(2)]):
+        assert events[-1].stats.prefilled_tokens == 99 and events[-1].tokens == cached.tokens
+    assert looked == [True, True]  # the cached requests only
+
+
+def _interleave(streams):
+    """Each stream's events, taking one event from each in turn (so that both hold a lane at once)."""
+    events = [[] for _ in streams]
+    live = dict(enumerate(streams))
+    while live:
+        for i, stream in list(live.items()):
+            try:
+                events[i].append(next(stream))
+            except StopIteration:
+                del live[i]
+    return events
+
+
 def test_the_shared_cost_curve_takes_the_calibration_once_per_readout(monkeypatch) -> None:
     """Every lane's controller gets the draft's calibrated costs, but the target's curve is shared: seeded again by
     each lane that starts, a single sequence's costs would keep pulling back what shared decodes measured since."""

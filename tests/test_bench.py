@@ -517,6 +517,30 @@ def test_llama_server_on_path_runs_as_a_peer_at_each_level(tiny_model_path: Path
 
 
 @pytest.mark.real
+def test_edgespec_serve_runs_as_a_peer_over_http(tiny_model_path: Path, tmp_path: Path) -> None:
+    """With serve, the bench starts `edgespec serve --parallel N` and --parallel 1 on the same file and reads each
+    request's first token, length and drafting from its stream."""
+    from edgespec.bench_load import SERVE, SERVE_SERIAL, run_load_bench
+    from edgespec.models.backend import Model
+
+    short = tmp_path / "short.toml"  # a short prompt: each run prefills it 4 times in 4 engines and servers
+    short.write_text('name = "short"\n[[prompts]]\nid = "a"\n[[prompts.messages]]\nrole = "user"\ncontent = "Hi"\n')
+    tasks = load_tasks(source=short)
+    params = SamplingParams(temperature=0, max_tokens=6)
+    with Model(tiny_model_path, n_ctx=1024, n_seq=2) as target:
+        records, notes = run_load_bench(
+            target, None, tasks, ["plain"], params, [2], lookup_len=4, peers=False, serve=True
+        )
+    by = {r.strategy: r for r in records}
+    assert set(by) == {"plain", SERVE, SERVE_SERIAL} and notes == []
+    for strategy in (SERVE, SERVE_SERIAL):
+        served = by[strategy]
+        assert len(served.requests) == 4
+        assert all(q.generated == 6 and q.first is not None and q.end >= q.first for q in served.requests)
+        assert served.sampling_path == "edgespec serve"
+
+
+@pytest.mark.real
 def test_the_load_bench_calibrates_every_readout_before_its_timed_runs(tiny_model_path: Path, monkeypatch) -> None:
     """A constrained class reads top-k candidates where greedy reads the argmax: auto calibrates each readout once
     (seconds of decodes), and the warm-ups, not a timed run's first request, must pay for it."""

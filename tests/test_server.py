@@ -215,6 +215,21 @@ def test_completions_equal_python_api(live: LiveServer, client: openai.OpenAI):
     assert "".join(c.choices[0].text for c in streamed) == expected
 
 
+def test_cache_prompt_false_decodes_the_whole_prompt_again(live: LiveServer, client: openai.OpenAI):
+    """llama-server's cache_prompt field: a prompt the KV already holds is reused, unless the request says false."""
+    prompt = "Count slowly: " + " ".join(str(i) for i in range(40))
+    first = client.completions.create(model=ALIAS, prompt=prompt, max_tokens=3, temperature=0)
+    reused = client.completions.create(model=ALIAS, prompt=prompt, max_tokens=3, temperature=0)
+    fresh = client.completions.create(
+        model=ALIAS, prompt=prompt, max_tokens=3, temperature=0, extra_body={"cache_prompt": False}
+    )
+    assert first.choices[0].text == reused.choices[0].text == fresh.choices[0].text
+    n_prompt = first.usage.prompt_tokens
+    assert reused.model_extra["timings"]["cache_n"] == n_prompt - 1  # all but the pending last token
+    assert fresh.model_extra["timings"]["cache_n"] == 0
+    assert fresh.model_extra["timings"]["prompt_n"] == n_prompt
+
+
 def test_usage_and_timings_equal_the_engines_stats(live: LiveServer, client: openai.OpenAI):
     before = len(live.jobs)
     reply = client.chat.completions.create(

@@ -113,6 +113,13 @@ def _split(value: str | None) -> list[str]:
     "time to first token p50/p95 and acceptance per level, class and strategy, with llama-server -np N (plain "
     "and with the draft) as a peer when it is on PATH. E.g. --concurrency 1,2,4.",
 )
+@click.option(
+    "--serve",
+    is_flag=True,
+    help="With --concurrency: also run `edgespec serve` as a peer over HTTP, in a process of its own on the same "
+    "model files: --parallel N (auto), and at N > 1 --parallel 1 (one request at a time). It loads a second copy "
+    "of the models.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print all measurements and summaries as JSON.")
 def bench(
     tasks: str | None,
@@ -129,6 +136,7 @@ def bench(
     repeats: int | None,
     with_penalties_logprobs: bool,
     concurrency: str | None,
+    serve: bool,
     as_json: bool,
     **opts: Any,
 ) -> None:
@@ -153,6 +161,8 @@ def bench(
         names = _split(strategies) + (list(PEER_STRATEGIES) if peers else [])
         parse_strategies(names, has_draft=True)  # a typo fails before the models load
         levels = default_levels(concurrency) if concurrency else None
+        if serve and levels is None:
+            raise click.UsageError("--serve runs with --concurrency (edgespec serve as a peer under load)")
         with load_runtime(opts, quiet=as_json, parallel=max(levels) if levels else 1) as runtime:
             target, draft = runtime.engine.target, runtime.engine.draft_model
             if costs:
@@ -169,7 +179,7 @@ def bench(
             if levels is not None:
                 _concurrency(
                     target, draft, suite, _split(strategies), params, levels, lookup_len, peers, opts, as_json,
-                    repeats or 1,
+                    repeats or 1, serve,
                 )  # fmt: skip
                 return
             if draft is None and any(_DRAFT_N.fullmatch(n) for n in names):
@@ -192,7 +202,7 @@ def bench(
 
 def _concurrency(
     target: Any, draft: Any, suite: Any, strategies: list[str], params: Any, levels: list[int], lookup_len: int,
-    peers: bool, opts: dict[str, Any], as_json: bool, repeats: int = 1,
+    peers: bool, opts: dict[str, Any], as_json: bool, repeats: int = 1, serve: bool = False,
 ) -> None:  # fmt: skip
     import json
 
@@ -206,6 +216,9 @@ def _concurrency(
         levels = [n for n in levels if n <= target.n_seq]
     n_strategies = len(parse_strategies(strategies, has_draft=draft is not None)) + (2 if peers else 0)
     serial = sum(n > 1 for n in levels) if "auto" in strategies else 0  # auto-serial runs at levels above 1
+    if serve:  # edgespec serve --parallel N each round, --parallel 1 in the first round at levels above 1
+        n_strategies += 1
+        serial += sum(n > 1 for n in levels)
     runs = (len(levels) * n_strategies * repeats + serial) * len(suite)
     with tqdm(total=runs, desc="bench", unit="run", file=sys.stderr, disable=None, leave=False) as bar:
 
@@ -215,7 +228,7 @@ def _concurrency(
 
         records, notes = run_load_bench(
             target, draft, suite, strategies, params, levels, lookup_len=lookup_len, p_min=opts["p_min"],
-            peers=peers, repeats=repeats, on_run=on_run,
+            peers=peers, repeats=repeats, on_run=on_run, serve=serve,
         )  # fmt: skip
     if as_json:
         click.echo(json.dumps({"records": records_json(records), "notes": notes}, indent=1))

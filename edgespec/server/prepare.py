@@ -48,6 +48,7 @@ class GenerationRequest:
     n: int = 1  # choices: requests of the same prompt, each with its own seed
     echo: str | None = None  # completions with echo: the prompt's text, which the response starts with
     tools: ToolUse | None = None  # chat with tools: how to read calls out of the reply
+    cache_prompt: bool = True  # llama-server's field: false decodes the whole prompt, keeping none of the KV
 
 
 @dataclass(frozen=True)
@@ -353,7 +354,8 @@ def generation_request(
     if echo:  # the prompt as sent (a token list as its text)
         source = completion_prompt(body)  # type: ignore[arg-type]
         echoed = source if isinstance(source, str) else loaded.runtime.engine.target.detokenize(prompt)
-    return GenerationRequest(prompt, params, draft_len, lookup, body.n or 1, echoed, tools)
+    cache_prompt = body.cache_prompt is not False
+    return GenerationRequest(prompt, params, draft_len, lookup, body.n or 1, echoed, tools, cache_prompt)
 
 
 def requested_logprobs(body: ChatCompletionRequest | CompletionRequest) -> int | None:

@@ -52,6 +52,8 @@ class _Sampling(_Strict):
     # edgespec's own (the openai client sends them through ``extra_body``)
     draft_len: int | str | None = None
     lookup: bool | None = None
+    # llama-server's: false decodes the whole prompt again instead of reusing the KV a sequence holds of it
+    cache_prompt: bool | None = None
     # penalties and bias: OpenAI's, and llama.cpp's repeat penalty and its window
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
