@@ -452,10 +452,13 @@ class Engine:
         """What :attr:`Load.passes` tells ``generation``'s plan: the decode's passes if it puts n rows in beside
         the others' tokens planned so far."""
         others, me = dict(layout), generation.lane.index
+        known: dict[int, list[int]] = {}  # a plan weighs each width several times (each drafter, the probe)
 
         def passes(n: int) -> list[int]:
-            others[me] = n
-            return self._split(others)
+            if n not in known:
+                others[me] = n
+                known[n] = self._split(others)
+            return known[n]
 
         return passes
 

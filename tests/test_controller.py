@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from edgespec.drafters.controller import (
+    LOOKUP,
     Acceptance,
     Controller,
     FixedController,
@@ -19,6 +20,7 @@ from edgespec.drafters.controller import (
 from edgespec.drafters.controller_sim import (
     CPU_PROFILE,
     GPU_PROFILE,
+    H200_PROFILE,
     CostProfile,
     best_fixed,
     copy_spans,
@@ -154,6 +156,20 @@ def test_gpu_free_accepted_drafts_choose_long_drafts():
     best = best_fixed_rate(replace(GPU, noise=0.0), alphas)
     assert result.tokens_per_second > 0.94 * best  # ~1% below it on average; the rest is sampling noise
     assert result.tokens_per_second > 2.5 * expected_rate(GPU, None, 0, 0.0)
+
+
+def test_on_the_measured_h200_the_draft_model_stays_out_and_long_lookup_copies_pay():
+    """The pair's costs as measured on an H200 (the draft two thirds of a target step): at the draft model's
+    acceptance there (~0.65 per token on code), drafting with it loses at every γ, and the controller keeps to plain
+    decoding within a few percent of it; a copy span that lookup proposes is still worth a long verify."""
+    h200 = replace(H200_PROFILE, noise=0.05)
+    plain = expected_rate(h200, None, 0, 0.0)
+    assert all(expected_rate(h200, "model", g, 0.65) < plain for g in range(1, 9))
+    result = simulate(Controller(["model"]), h200, {"model": 0.65}, n_tokens=6000, seed=5)
+    later = [p for t, p in result.rounds if t >= 1000]
+    assert sum(p.drafter == "model" for p in later) / len(later) < 0.05
+    assert result.tokens_per_second > 0.95 * plain
+    assert expected_rate(h200, LOOKUP, 8, 0.95) > 2 * plain
 
 
 def test_recovers_after_a_phase_change():

@@ -57,6 +57,17 @@ GPU_PROFILE = CostProfile(
     catchup={"model": 0.0002},
 )
 
+# Measured: the same 1.5B/0.5B pair on an NVIDIA H200, llama.cpp built for CUDA (`edgespec bench --costs`, fully
+# offloaded). Small models leave the GPU waiting on kernel launches: a wide verify is not free (16 tokens: 2.76
+# single steps) and the 0.5B draft costs two thirds of a 1.5B step (1.2 ms against 1.8 ms), so the draft model
+# loses at the acceptance it gets (fixed γ=3 ran at 0.5-0.6x plain there) and free lookup drafts are what pay.
+H200_PROFILE = CostProfile(
+    t_token=0.0018,
+    verify_mult={2: 1.19, 3: 1.33, 4: 1.56, 5: 1.71, 6: 1.86, 8: 2.16, 16: 2.76},
+    draft={"model": 0.0012, LOOKUP: 0.00005},
+    catchup={"model": 0.0002},
+)
+
 AlphaSchedule = Mapping[str, float] | Callable[[int], Mapping[str, float]]  # fixed, or by tokens generated
 WRONG = -1  # a proposed token the target never commits (the stream is 0, 1, 2, ...)
 # How many tokens the lookup drafter has ready: fixed, or by (tokens generated so far, rng). Output echoes its
