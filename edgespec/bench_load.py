@@ -230,7 +230,7 @@ def run_load_bench(
                 for name, parallel in ((SERVE, level), (SERVE_SERIAL, 1)):
                     if name == SERVE_SERIAL and level == 1:
                         continue
-                    server = EdgespecServer(target, draft, parallel)
+                    server = EdgespecServer(target, draft, parallel, clients=level)
                     servers.append(server)
                     runners[name] = server.runner()
             for name, runner in runners.items():  # first calls pay one-off costs (and auto's calibration)
@@ -444,12 +444,13 @@ class EdgespecServer(HttpPeer):
 
     name = "edgespec serve"
 
-    def __init__(self, target: Model, draft: Model | None, parallel: int) -> None:
+    def __init__(self, target: Model, draft: Model | None, parallel: int, clients: int = 1) -> None:
         def args(port: int) -> list[str]:
             cmd = [
                 sys.executable, "-m", "edgespec", "serve", "--target", str(target.path), "--port", str(port),
                 "--parallel", str(parallel), "--n-ctx", str(target.n_ctx), "--threads", str(target.n_threads),
                 "-ngl", _gpu_layers(target), "--draft-len", "auto",
+                "--max-queue", str(max(8, clients)),  # room for every client to wait (the default is 8)
             ]  # fmt: skip
             cmd += ["--draft", "none"] if draft is None else ["--draft", str(draft.path), "-ngld", _gpu_layers(draft)]
             return cmd + (["--bit-exact"] if getattr(target, "bit_exact", False) else [])
