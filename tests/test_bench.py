@@ -265,6 +265,8 @@ def test_cli_bench_rejects_bad_options_before_loading() -> None:
     assert result.exit_code == 1 and "unknown strategy 'warp'" in result.output
     result = runner.invoke(main, ["bench", "--tasks", "poetry", "-m", "/nonexistent.gguf"])
     assert result.exit_code == 1 and "unknown task poetry" in result.output
+    result = runner.invoke(main, ["bench", "--serve", "-m", "/nonexistent.gguf"])
+    assert result.exit_code == 2 and "--serve runs with --concurrency" in result.output
 
 
 def test_text_report_has_a_table_per_class() -> None:
