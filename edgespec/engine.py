@@ -362,7 +362,10 @@ class Engine:
             if not generation.done and generation.stopping:
                 generation.finish("cancelled")
         in_rounds = [g for g in self._active if not g.done and g.prefilled]
-        prefills = self._prefill_parts([g for g in self._active if not g.done and not g.prefilled], bool(in_rounds))
+        prefills, opening = self._prefill_parts(
+            [g for g in self._active if not g.done and not g.prefilled], bool(in_rounds)
+        )
+        in_rounds += opening  # their first round this step (after the rest of their prompt)
         # 1. Plan and draft, one request after another, each knowing what those before it put into the decode
         #    (and counting those after it as plain rows, which is what they cost at least).
         budget = getattr(self.target, "max_verify_rows", MAX_ROWS)
@@ -373,11 +376,13 @@ class Engine:
         # that prefills (where a CPU has no spare compute), and the prompt's first token is not delayed by drafts
         # that would not pay; counting the chunk's cost but not its tokens would do the opposite (a big fixed cost
         # that drafting amortises: measured, auto's time to first token under load rose by half).
-        chunk = sum(len(part[1]) for _, part in prefills)
+        chunk = sum(len(part[1]) for _, part in prefills) + sum(len(g.prompt_tail) for g in opening)
         alone = len(in_rounds) == 1 and not chunk
         # The tokens each sequence puts into the decode, as planned so far (a request not yet planned: its one row),
         # from which a plan reads the forward passes llama.cpp will split the decode into.
-        layout = {g.lane.index: len(part[1]) for g, part in prefills} | {g.lane.index: 1 for g in in_rounds}
+        layout = {g.lane.index: len(part[1]) for g, part in prefills} | {
+            g.lane.index: len(g.prompt_tail) + 1 for g in in_rounds
+        }
         for i, generation in enumerate(in_rounds):
             later = len(in_rounds) - i - 1
             busy = chunk + rows + later
@@ -391,12 +396,12 @@ class Engine:
             try:
                 generation.propose(load, defer_model=not alone)
             except Exception as error:  # noqa: BLE001  # this request's own failure (its draft model), not the others'
-                generation.lane.roll_back(generation.ctx)
+                self._roll_back(generation)
                 generation.fail(error)
                 del layout[generation.lane.index]
                 continue
             assert generation.plan is not None
-            layout[generation.lane.index] = generation.planned_rows
+            layout[generation.lane.index] = len(generation.prompt_tail) + generation.planned_rows
             rows += generation.planned_rows
             tokens += generation.plan.expected
             seconds += generation.t_draft + generation.plan.draft_seconds
@@ -412,8 +417,7 @@ class Engine:
             scores = self.target.decode_batch(parts) if len(parts) > 1 else [parts[0][0].decode(*parts[0][1:])]
         except Exception as error:  # noqa: BLE001  # the decode failed for all in it: each request gets the error
             for generation in [*live, *(g for g, _ in prefills)]:
-                if generation.prefilled:
-                    generation.lane.roll_back(generation.ctx)
+                self._roll_back(generation)
                 generation.fail(error)
             return
         t_verify = time.perf_counter() - t0
@@ -426,7 +430,8 @@ class Engine:
         self.steps += 1
         self.step_rows += rows
         self.step_sequences += len(live)
-        if shared and not prefills:  # the decode's cost at its width, once (a prompt chunk in it is not a row's cost)
+        prompt_in_decode = bool(prefills) or any(g.prompt_tail for g in live)
+        if shared and not prompt_in_decode:  # the decode's cost at its width, once (a prompt chunk is no row's cost)
             # The shared curve prices one forward pass: a decode llama.cpp split into several is not a point on it.
             # A pass's width counts the throw-away tokens of lanes in a gap (see microbatch.fill_gaps).
             passes = self._split({g.lane.index: g.rows for g in live})
@@ -440,8 +445,15 @@ class Engine:
             try:
                 generation.settle(row_scores, t_verify, shared)
             except Exception as error:  # noqa: BLE001
-                generation.lane.roll_back(generation.ctx)
+                self._roll_back(generation)
                 generation.fail(error)
+
+    @staticmethod
+    def _roll_back(generation: Generation) -> None:
+        """After a failure, the lane's caches back to what the request committed (a request still prefilling has
+        committed nothing there: its KV holds what its decodes put in)."""
+        if generation.prefilled:
+            generation.lane.roll_back(generation.ctx)
 
     def _split(self, tokens_by_seq: dict[int, int]) -> list[int]:
         """The forward passes (their token counts) llama.cpp runs for a target decode of these tokens per sequence."""
@@ -483,7 +495,7 @@ class Engine:
                     g.lane.drafters["model"].take(g.drafting, row)
         except Exception as error:  # noqa: BLE001  # the draft model failed: the requests that drafted with it fail
             for g in drafting:
-                g.lane.roll_back(g.ctx)
+                self._roll_back(g)
                 g.fail(error)
             return [g for g in live if g.drafting is None]
         share = (time.perf_counter() - t0) / len(drafting)  # what each request's draft cost, the decodes shared
@@ -493,33 +505,69 @@ class Engine:
             g.t_draft += share
         return live
 
-    def _prefill_parts(self, joining: list[Generation], others_in_rounds: bool) -> list[tuple[Generation, Part]]:
-        """The next prompt chunk of each request still prefilling. Alone, a prompt goes in whole; beside requests in
-        rounds, :data:`PREFILL_CHUNK` tokens a step, so that a long prompt does not stall them. A bit-exact target
-        prefills on its own decode here: a verify must stay a small batch to round as a single step does."""
-        parts = []
+    def _prefill_parts(
+        self, joining: list[Generation], others_in_rounds: bool
+    ) -> tuple[list[tuple[Generation, Part]], list[Generation]]:
+        """The next prompt chunk of the requests still prefilling, first come first served; and the requests whose
+        rounds begin in this step's decode (:meth:`Generation.open_with_prompt_tail`: their chunk ends the prompt,
+        and their first verify follows it in the decode) or whose prompt the lane's KV already held.
+
+        With no request in rounds, the earliest prompt goes in whole and alone: its first token comes when its own
+        prefill ends, not when those of every prompt that arrived with it end too (prompts prefilled side by side
+        all wait for the last of them). Beside requests in rounds, a step carries :data:`PREFILL_CHUNK` prompt
+        tokens for each request prefilling, so that a long prompt delays the others' next tokens by about that
+        much a step, not by the whole prompt; they go to the earliest request first, and the next one's prompt
+        begins where the earliest one's ends. A bit-exact target, and a prompt to be scored, prefill on a decode
+        of their own (bit-exact: the whole prompt, for its KV to round as a lone request's does)."""
+        parts, opening = [], []
         bit_exact = getattr(self.target, "bit_exact", False)
-        # Bit-exact: the whole prompt as a lone request prefills it (its KV must round as that one's does).
-        chunk = PREFILL_CHUNK if others_in_rounds and not bit_exact else self.target.n_batch * 64
+        whole = self.target.n_batch * 64
+        # Prompt tokens this step still carries: None while no request has been given any (with none in rounds,
+        # the first is given its whole prompt and the rest wait for the next step).
+        budget: int | None = PREFILL_CHUNK * len(joining) if others_in_rounds else None
         for generation in joining:
+            own_decode = bit_exact or generation.scores_prompt
+            if budget == 0 and not own_decode:
+                continue  # its turn comes when those before it are in
             try:
                 if not generation.prefill_begun and not generation.scores_prompt and generation.cache_prompt:
                     self._share_prefix(generation)
-                part = generation.prefill_part(chunk)
+                if own_decode:
+                    # Bit-exact, the whole prompt as a lone request prefills it; scored, up to 64 rows a chunk.
+                    limit = whole if bit_exact or not others_in_rounds else PREFILL_CHUNK
+                else:
+                    limit = whole if budget is None else budget
+                part = generation.prefill_part(limit)
                 if part is None:  # the lane's KV already held the whole prompt
                     self._begin(generation)
-                elif bit_exact or generation.scores_prompt:  # on a decode of its own (a scored one: up to 64 rows)
+                    if not generation.done:
+                        opening.append(generation)
+                elif own_decode:
                     start = len(part[0].kv_tokens)
                     rows = part[0].decode(*part[1:])
                     if generation.scores_prompt:
                         generation.take_prompt_rows(start, rows)
                     if generation.prefill_done:
                         self._begin(generation)
+                elif self._opens_with(generation, part[1]):
+                    generation.open_with_prompt_tail(part[1])
+                    opening.append(generation)
                 else:
                     parts.append((generation, part))
+                if part is not None and not own_decode:
+                    budget = 0 if budget is None else max(budget - len(part[1]), 0)
             except Exception as error:  # noqa: BLE001  # its own prompt's failure
                 generation.fail(error)
-        return parts
+        return parts, opening
+
+    def _opens_with(self, generation: Generation, chunk: list[int]) -> bool:
+        """Whether ``chunk`` ends the prompt's prefill and the first round can ride on it: not when the lane's
+        controller still has to measure this machine's costs (on the prompt in the KV), nor when nothing is to be
+        generated."""
+        lane = generation.lane
+        calibrates = generation.controller is lane.auto and generation.readout.kind != lane.calibrated_for
+        ends = len(lane.target.kv_tokens) + len(chunk) >= len(generation.ctx) - 1
+        return ends and not calibrates and generation.params.max_tokens > 0
 
     def _share_prefix(self, generation: Generation) -> None:
         """When another lane's KV holds more of this prompt than this lane's does (the same prompt for several

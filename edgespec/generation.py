@@ -116,6 +116,7 @@ class Generation:
         self._busy_at_start = 0.0
         self._prefill_start: int | None = None  # where the prompt's prefill began (the prefix kept before it)
         self.prefilled = False  # the prompt is in every KV: the rounds have begun
+        self.prompt_tail: list[int] = []  # the prompt's rest, decoded before the first verify (open_with_prompt_tail)
         # this round's
         self.plan: Plan | None = None
         self.draft = Draft.empty()
@@ -165,15 +166,26 @@ class Generation:
         return len(self.lane.target.kv_tokens) >= len(self.ctx) - 1
 
     def begin_rounds(self) -> None:
-        """The prompt is in the target's KV: every drafter is reset to it (a draft model catches up when it first
-        drafts, and the controller knows how far it has to)."""
+        """The prompt is in the target's KV: the drafters start on it, and the rounds begin."""
+        self._start_drafters()
+        self.prefilled = True
+
+    def open_with_prompt_tail(self, tail: list[int]) -> None:
+        """The rounds begin with the decode that prefills ``tail``, the rest of the prompt before its last token:
+        the first round's verify block follows it in the same decode, so that the first token comes with the end
+        of the prefill instead of a step later (under load, a step that prefills others' prompts too)."""
+        self._start_drafters()
+        self.prompt_tail = tail
+
+    def _start_drafters(self) -> None:
+        """Every drafter is reset to the prompt (a draft model catches up when it first drafts, and the controller
+        knows how far it has to)."""
         behind = {}
         for name, drafter in self.lane.drafters.items():
             drafter.reset(self.ctx)
             if isinstance(drafter, ModelDrafter):
                 behind[name] = drafter.behind(self.ctx)
         self.controller.start_request(behind)
-        self.prefilled = True
 
     def started(self) -> None:
         """The prefill (and a calibration, if any) is done: the rounds begin."""
@@ -248,12 +260,22 @@ class Generation:
 
     def part(self) -> tuple[object, list[int], range, Readout]:
         """2. Verify: ``[x_{n-1}, d_1..d_γ]`` on this lane's sequence, scored at all γ+1 positions: each row's argmax
-        when greedy, its top-k candidates when sampling."""
-        return (self.lane.target, [self.ctx[-1], *self.draft.tokens], range(self.rows), self.readout)
+        when greedy, its top-k candidates when sampling (in the first round, after the prompt's tail, if any)."""
+        tail = self.prompt_tail
+        tokens = [*tail, self.ctx[-1], *self.draft.tokens]
+        return (self.lane.target, tokens, range(len(tail), len(tokens)), self.readout)
 
     def settle(self, scores: Scores, t_verify: float, shared: bool) -> None:
         """3.-5. Accept, roll back, update; queue the round's events. ``shared``: the decode carried other
         sequences too (its cost is then recorded once, by the engine)."""
+        opening = not self.prefilled  # the decode prefilled the prompt's tail as well: the prefill ends here
+        if opening:
+            self.prompt_tail = []
+            self.prefilled = True
+            self.started()
+            # The decode's time is the prefill's (t_prefill), not a verify of these rows: neither the stats nor the
+            # controller's costs take it as one.
+            shared, t_verify = True, 0.0
         t2 = self.clock()
         draft, plan, ctx, params = self.draft, self.plan, self.ctx, self.params
         assert plan is not None

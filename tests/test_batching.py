@@ -16,7 +16,8 @@ from test_engine import ENGINE_PATHS, ENGINE_PROMPT, MARGIN, exact_output_joint,
 
 from edgespec.api import Runtime
 from edgespec.drafters.controller import NO_LOAD, Controller, Load, Plan, VerifyCost
-from edgespec.engine import Engine
+from edgespec import engine as engine_module
+from edgespec.engine import Engine, _RequestSettings
 from edgespec.errors import EdgespecError, InvalidParameterError
 from edgespec.events import Chunk, Finished
 from edgespec.sampling import SamplingParams
@@ -383,3 +384,37 @@ def test_a_request_that_ends_while_another_thread_steps_frees_its_lane_when_that
     engine._release()  # the step ends
     assert not lane.busy and engine.active == 0 and not engine._active
     assert isinstance(list(engine.stream(ENGINE_PROMPT, params))[-1], Finished)  # the engine serves on
+
+
+def test_prompts_go_in_first_come_first_served_and_the_first_token_comes_with_the_prompts_end(monkeypatch) -> None:
+    """With none in rounds, the earliest prompt goes in whole and alone (those that arrived with it would otherwise
+    all wait for the last of them); beside rounds, PREFILL_CHUNK tokens a step for each request prefilling, given
+    to the earliest first; and a request's first verify row is in the decode that ends its prompt."""
+    monkeypatch.setattr(engine_module, "PREFILL_CHUNK", 8)
+    target = FakeModel(eos_bias=-9, n_seq=3, n_ctx=512)
+    engine = Engine(target, None, draft_len=0, parallel=3)
+    greedy = SamplingParams(temperature=0, max_tokens=8)
+    settings = _RequestSettings(0, None, False)
+    first, second = [1 + i % 9 for i in range(21)], [2 + i % 7 for i in range(13)]
+
+    def parts_of(step: int) -> list[tuple[int, int]]:
+        """(tokens, rows) of each part of the step's decode."""
+        return target.decode_calls[calls_before[step] :]
+
+    a, b = engine._admit(first, greedy, None, settings), engine._admit(second, greedy, None, settings)
+    calls_before = [len(target.decode_calls)]
+    engine._step()  # a's whole prompt and its first row; b waits
+    assert parts_of(0) == [(21, 1)] and len(a.events) == 1 and not b.prefill_begun
+    c_prompt = [3 + i % 5 for i in range(11)]
+    c = engine._admit(c_prompt, greedy, None, settings)
+    calls_before.append(len(target.decode_calls))
+    engine._step()  # a's row; b and c prefilling: 2 x 8 tokens, all b's 12 first (the last with its first row)
+    assert sorted(parts_of(1)) == [(1, 1), (4, 0), (13, 1)]
+    assert len(a.events) == 2 and len(b.events) == 1 and len(c.events) == 0 and c.prefill_begun
+    calls_before.append(len(target.decode_calls))
+    engine._step()  # c's last 6 and its first row, the others' rows
+    assert sorted(parts_of(2)) == [(1, 1), (1, 1), (7, 1)] and len(c.events) == 1
+    while not all(g.done for g in (a, b, c)):
+        engine._step()
+    for g, prompt in ((a, first), (b, second), (c, c_prompt)):
+        assert g.events[-1].tokens == tuple(plain_greedy(prompt, 8, target))
