@@ -14,9 +14,9 @@ from fakes import FakeModel
 from stat_tools import worst
 from test_engine import ENGINE_PATHS, ENGINE_PROMPT, MARGIN, exact_output_joint, plain_greedy
 
+from edgespec import engine as engine_module
 from edgespec.api import Runtime
 from edgespec.drafters.controller import NO_LOAD, Controller, Load, Plan, VerifyCost
-from edgespec import engine as engine_module
 from edgespec.engine import Engine, _RequestSettings
 from edgespec.errors import EdgespecError, InvalidParameterError
 from edgespec.events import Chunk, Finished
