@@ -510,7 +510,7 @@ class Engine:
     ) -> tuple[list[tuple[Generation, Part]], list[Generation]]:
         """The next prompt chunk of the requests still prefilling, first come first served; and the requests whose
         rounds begin in this step's decode (:meth:`Generation.open_with_prompt_tail`: their chunk ends the prompt,
-        and their first verify follows it in the decode) or whose prompt the lane's KV already held.
+        and their first verify follows it in the decode).
 
         With no request in rounds, the earliest prompt goes in whole and alone: its first token comes when its own
         prefill ends, not when those of every prompt that arrived with it end too (prompts prefilled side by side
@@ -540,8 +540,6 @@ class Engine:
                 part = generation.prefill_part(limit)
                 if part is None:  # the lane's KV already held the whole prompt
                     self._begin(generation)
-                    if not generation.done:
-                        opening.append(generation)
                 elif own_decode:
                     start = len(part[0].kv_tokens)
                     rows = part[0].decode(*part[1:])

@@ -143,10 +143,11 @@ REPACK_DRIFT = 0.5
 
 
 def plain_row(model: Model, prompt: list[int], out: Sequence[int], i: int) -> np.ndarray:
-    """The logits plain decoding scored its token ``i`` from: the prompt prefilled, then one token at a time."""
+    """The logits plain decoding scored its token ``i`` from: the prompt prefilled in one decode, whose last row is
+    the first token's, then one token at a time."""
     model.truncate(0)
-    model.decode(prompt[:-1])
-    for token in [prompt[-1], *out[:i]]:
+    row = model.decode(prompt, [len(prompt) - 1])[0]
+    for token in out[:i]:
         row = model.decode([token], [0])[0]
     return row.copy()
 
