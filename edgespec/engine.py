@@ -37,8 +37,9 @@ MAX_DRAFT_LEN = 64
 # Requests one engine serves at once: llama.cpp allows 256 sequences, but a decode's 65 rows shared by more than
 # 16 leaves them a few rows each, and every sequence holds its own n_ctx of KV.
 MAX_PARALLEL = 16
-# Prompt tokens a step prefills for a newly admitted request while others are in rounds: on a 2-core CPU ~1 s
-# of the 1.5B's prefill, so a long prompt delays the others' tokens by that much a step, not by the whole prompt.
+# Prompt tokens a step carries for each request still prefilling while others are in rounds (the earliest request's
+# first): on a 2-core CPU ~2 s of the 1.5B's prefill (~17 ms a token), so a long prompt delays the others' tokens
+# by that much a step, not by the whole prompt.
 PREFILL_CHUNK = 128
 # A prompt prefix another lane holds is copied from it when at least this long: the copy moves a whole KV buffer
 # (llama.cpp copies no less between sequences), which costs about what decoding a few dozen tokens does.
