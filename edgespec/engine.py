@@ -563,10 +563,14 @@ class Engine:
         """Whether ``chunk`` ends the prompt's prefill and the first round can ride on it: not when the lane's
         controller still has to measure this machine's costs (on the prompt in the KV), nor when nothing is to be
         generated."""
+        ends = len(generation.lane.target.kv_tokens) + len(chunk) >= len(generation.ctx) - 1
+        return ends and not self._needs_calibration(generation) and generation.params.max_tokens > 0
+
+    @staticmethod
+    def _needs_calibration(generation: Generation) -> bool:
+        """Whether the request's lane runs auto and has not yet measured this machine's costs for its readout."""
         lane = generation.lane
-        calibrates = generation.controller is lane.auto and generation.readout.kind != lane.calibrated_for
-        ends = len(lane.target.kv_tokens) + len(chunk) >= len(generation.ctx) - 1
-        return ends and not calibrates and generation.params.max_tokens > 0
+        return generation.controller is lane.auto and generation.readout.kind != lane.calibrated_for
 
     def _share_prefix(self, generation: Generation) -> None:
         """When another lane's KV holds more of this prompt than this lane's does (the same prompt for several
@@ -590,7 +594,7 @@ class Engine:
         try:
             generation.begin_rounds()
             lane = generation.lane
-            if generation.controller is lane.auto and generation.readout.kind != lane.calibrated_for:
+            if self._needs_calibration(generation):
                 self._calibrate(lane, generation.ctx, generation.readout)
         except Exception as error:  # noqa: BLE001
             generation.lane.roll_back(generation.ctx)
