@@ -12,6 +12,7 @@ leader/follower pattern), so one caller runs inline, as fast as a plain loop, an
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -376,7 +377,8 @@ class Engine:
         # row of prompt counts as a token. Counted so, a draft row has to be worth a whole token to join a decode
         # that prefills (where a CPU has no spare compute), and the prompt's first token is not delayed by drafts
         # that would not pay; counting the chunk's cost but not its tokens would do the opposite (a big fixed cost
-        # that drafting amortises: measured, auto's time to first token under load rose by half).
+        # that drafting amortises: measured, auto's time to first token under load rose by half). Counted per
+        # sequence (Load.sequences), each row of a chunk is one that commits a token.
         chunk = sum(len(part[1]) for _, part in prefills) + sum(len(g.prompt_tail) for g in opening)
         alone = len(in_rounds) == 1 and not chunk
         # The tokens each sequence puts into the decode, as planned so far (a request not yet planned: its one row),
@@ -384,6 +386,7 @@ class Engine:
         layout = {g.lane.index: len(part[1]) for g, part in prefills} | {
             g.lane.index: len(g.prompt_tail) + 1 for g in in_rounds
         }
+        log_tokens = 0.0  # of the tokens each request planned so far is expected to commit (see Load.sequences)
         for i, generation in enumerate(in_rounds):
             later = len(in_rounds) - i - 1
             busy = chunk + rows + later
@@ -391,7 +394,13 @@ class Engine:
                 NO_LOAD
                 if alone
                 else Load(
-                    busy, chunk + tokens + later, seconds, budget - rows - later, self._passes(layout, generation)
+                    busy,
+                    chunk + tokens + later,
+                    seconds,
+                    budget - rows - later,
+                    self._passes(layout, generation),
+                    sequences=chunk + len(live) + later,
+                    log_tokens=log_tokens,
                 )
             )
             try:
@@ -405,6 +414,7 @@ class Engine:
             layout[generation.lane.index] = len(generation.prompt_tail) + generation.planned_rows
             rows += generation.planned_rows
             tokens += generation.plan.expected
+            log_tokens += math.log(max(generation.plan.expected, 1e-9))
             seconds += generation.t_draft + generation.plan.draft_seconds
             live.append(generation)
         live = self._draft_together(live)
@@ -433,11 +443,12 @@ class Engine:
         self.step_sequences += len(live)
         prompt_in_decode = bool(prefills) or any(g.prompt_tail for g in live)
         if shared and not prompt_in_decode:  # the decode's cost at its width, once (a prompt chunk is no row's cost)
-            # The shared curve prices one forward pass: a decode llama.cpp split into several is not a point on it.
-            # A pass's width counts the throw-away tokens of lanes in a gap (see microbatch.fill_gaps).
+            # The shared curve prices one forward pass: a decode llama.cpp split into several is a sample of its
+            # widest pass (see VerifyCost.add_decode). A pass's width counts the throw-away tokens of lanes in a
+            # gap (see microbatch.fill_gaps).
             passes = self._split({g.lane.index: g.rows for g in live})
-            if self._curve is not None and len(passes) == 1:
-                self._curve.add(passes[0], t_verify)
+            if self._curve is not None:
+                self._curve.add_decode(passes, t_verify)
             for generation in live:
                 if generation.controller is not generation.lane.auto:
                     generation.controller.record_decode(sum(passes), t_verify)

@@ -3,6 +3,7 @@ decodes, lanes taken and given back, load-aware plans."""
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 
@@ -239,6 +240,29 @@ def test_on_a_cpu_curve_the_load_shares_the_fixed_cost_that_made_drafting_pay() 
     assert cpu.plan((), Load(rows=3, tokens=3.0, room=62)).gamma == 0
 
 
+def test_the_batch_counts_its_sequences_tokens_by_their_geometric_mean() -> None:
+    three_twos = Load(rows=3, tokens=6.0, sequences=3, log_tokens=3 * math.log(2.0))
+    assert three_twos.batch_tokens(2.0) == pytest.approx(8.0)  # all alike: the sum
+    assert three_twos.batch_tokens(16.0) < 6.0 + 16.0  # one ahead of the others: less than the sum
+    assert Load(rows=3, tokens=3.0).batch_tokens(5.0) == 8.0  # the others not given as sequences: summed
+    assert NO_LOAD.batch_tokens(5.0) == 5.0
+
+
+def test_under_load_a_draft_that_would_slow_the_others_more_than_it_gains_is_not_chosen() -> None:
+    # A slope between a GPU's and a CPU's: beside three plain rows, a 3-token draft adds 41 % to the decode and is
+    # expected to commit ~3.2 tokens. Summed, the batch gains 10 %; per sequence, the three others lose 29 % of
+    # their speed for it. Counted by sequences it stays plain; on a flat curve, where the draft's rows cost the
+    # others nothing, it drafts either way.
+    sloped = calibrated({b: 0.010 * (1 + 0.2 * (b - 1)) for b in range(1, 66)})
+    summed = Load(rows=3, tokens=3.0, room=60)
+    by_sequence = Load(rows=3, tokens=3.0, room=60, sequences=3)
+    assert sloped.plan((), summed).gamma > 0
+    assert sloped.plan((), by_sequence).gamma == 0
+    flat = calibrated({b: 0.010 if b <= 8 else 0.010 * b / 8 for b in range(1, 66)})
+    assert flat.plan((), by_sequence).gamma > 0
+    assert sloped.plan((), NO_LOAD).gamma > 0  # alone nothing changes
+
+
 def test_a_draft_beside_single_rows_pays_for_the_forward_pass_llama_cpp_gives_it() -> None:
     # A flat (GPU-like) curve: in one pass, a draft beside three other rows costs only its drafting. But with a KV
     # buffer per sequence llama.cpp runs 1, 1, 1 and γ+1 rows as a pass of 4 and then a pass of γ: a whole decode.
@@ -252,18 +276,22 @@ def test_a_draft_beside_single_rows_pays_for_the_forward_pass_llama_cpp_gives_it
     assert controller.certain_len(3, split) == 0
 
 
-def test_the_engine_prices_a_plan_by_the_passes_and_keeps_split_decodes_off_the_curve(monkeypatch) -> None:
-    """Each plan under load gets the decode's passes with its rows among the others' planned ones, and a decode that
-    llama.cpp runs as several passes is no point of the one-pass cost curve."""
+def test_the_engine_prices_a_plan_by_the_passes_and_gives_the_curve_each_shared_decode_with_its_passes(
+    monkeypatch,
+) -> None:
+    """Each plan under load gets the decode's passes with its rows among the others' planned ones, and the shared
+    curve gets every shared decode's time with the passes llama.cpp ran it as (one pass: a point of the curve;
+    several: a sample of the widest, see test_controller)."""
     asked: list[dict[int, int]] = []
-    curve_callers: list[str] = []
-    original_add = VerifyCost.add
+    given: list[list[int]] = []
+    original = VerifyCost.add_decode
 
-    def recording_add(self, b, seconds):  # noqa: ANN001, ANN202
-        curve_callers.append(sys._getframe(1).f_code.co_name)
-        return original_add(self, b, seconds)
+    def recording(self, passes, seconds):  # noqa: ANN001, ANN202
+        if sys._getframe(1).f_code.co_name == "_step":
+            given.append(list(passes))
+        return original(self, passes, seconds)
 
-    monkeypatch.setattr(VerifyCost, "add", recording_add)
+    monkeypatch.setattr(VerifyCost, "add_decode", recording)
     for split in (False, True):
         target, draft = models(n_seq=3)
 
@@ -272,11 +300,12 @@ def test_the_engine_prices_a_plan_by_the_passes_and_keeps_split_decodes_off_the_
             return [1] * sum(tokens_by_seq.values()) if split else [sum(tokens_by_seq.values())]
 
         target.decode_passes = passes
-        curve_callers.clear()
+        given.clear()
         runtime = Runtime(Engine(target, draft, draft_len="auto"))
         greedy = SamplingParams(temperature=0, max_tokens=8)
         runtime.generate_many([ENGINE_PROMPT, [3, *ENGINE_PROMPT], [5, *ENGINE_PROMPT]], greedy)
-        assert ("_step" in curve_callers) is not split  # the shared decodes' costs: only those of one pass
+        assert given  # every shared decode in rounds, ...
+        assert all((len(p) > 1) is split for p in given if sum(p) > 1)  # ... with the passes it ran as
     # Plans under load asked about all three lanes together, each lane's rows tried at several widths.
     assert any(set(layout) == {0, 1, 2} and max(layout.values()) > 1 for layout in asked)
 

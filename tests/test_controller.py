@@ -104,6 +104,22 @@ def test_verify_cost_shrugs_off_a_delayed_decode_but_follows_a_real_change():
     assert cost.measured(1) == pytest.approx(0.2, rel=0.02)
 
 
+def test_a_decode_of_several_passes_is_a_sample_of_its_widest():
+    cost = VerifyCost(decay=0.9, slope_prior=0.5, optimism=0.0)
+    cost.add_decode([7, 3], 0.5)
+    assert cost.measured(7) is None  # the other pass's cost unknown: nothing to subtract it from
+    cost.add(3, 0.1)
+    cost.add(7, 0.3)  # calibrated low
+    for _ in range(30):
+        cost.add_decode([3, 7], 0.5)  # beside a 3-row pass, the 7-row pass keeps taking 0.4 s
+    assert cost.measured(7) == pytest.approx(0.4, rel=0.02)
+    assert cost.measured(3) == pytest.approx(0.1)  # the narrower pass is what is subtracted, not what is learnt
+    cost.add_decode([3, 7], 0.05)  # faster than the other pass alone: no sample
+    assert cost.measured(7) == pytest.approx(0.4, rel=0.02)
+    cost.add_decode([5], 0.2)  # one pass: a point of the curve as it is
+    assert cost.measured(5) == pytest.approx(0.2)
+
+
 # ----- the adaptive controller ------------------------------------------------------------------------------
 def test_starts_by_measuring_plain_then_the_draft_model():
     ctl = Controller(["model", "lookup"])

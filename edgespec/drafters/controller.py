@@ -75,6 +75,27 @@ class Load:
     # (llama.cpp splits a decode of several sequences into passes that cost about a decode each: a draft beside
     # others' single rows is a pass of its own. See edgespec.models.microbatch.)
     passes: Callable[[int], Sequence[int]] | None = None
+    # The others as sequences: how many share the decode (a prompt chunk's every row counted as one, as its
+    # tokens are), and the sum of the logs of what each is expected to commit (0 for a plain row or a prompt row).
+    # Given, the batch's tokens are counted as their geometric mean (see batch_tokens); None: summed.
+    sequences: int | None = None
+    log_tokens: float = 0.0
+
+    def batch_tokens(self, own: float) -> float:
+        """The tokens the decode counts for, if this sequence is expected to commit ``own`` of them.
+
+        With the others given as sequences: as many times the sequences' geometric mean, which is their sum while
+        they all commit alike, and less when one gets ahead at the others' cost. A draft beside plain rows adds a
+        forward pass that every sequence in the decode waits for (see ``passes``): counted by the sum, a 10-token
+        draft that took 526 ms where four plain rows took 135 looked worth it to the batch while it slowed the
+        three others to a quarter, and the last requests of a run then finished last, in a half-empty batch
+        (measured: auto at 0.82-0.89x of plain at 4 clients on translation). Counted so, drafting under load is
+        chosen when it lifts the batch as a whole, as it does when the lanes' drafts share a pass (on a GPU, when
+        the pass costs little). A lone sequence: its own tokens either way."""
+        if self.sequences is None or self.sequences == 0:
+            return own + self.tokens
+        n = self.sequences + 1
+        return n * math.exp((self.log_tokens + math.log(max(own, 1e-9))) / n)
 
     def decode_seconds(self, curve: Sequence[float], n: int) -> float:
         """What the decode costs, read off ``curve`` (one pass of b rows), if this sequence puts ``n`` rows in."""
@@ -207,6 +228,26 @@ class VerifyCost:
         est.add(seconds)
         self._curve = None
 
+    def add_decode(self, passes: Sequence[int], seconds: float) -> None:
+        """A decode that llama.cpp ran as these forward passes (their widths) took ``seconds``: a sample of its
+        widest pass, the time less what the other passes are estimated to cost.
+
+        Plans price a decode as the sum of its passes, and choose the width that looks cheapest: left unsampled,
+        a width that calibration read low stays the favourite for good. Under load a sequence's draft runs as a
+        pass beside the others' single rows, so without this its width would only be measured alone (seen: a
+        14-row pass calibrated at 309 ms took 380-440 beside three lanes' rows, and lookup drafts of 14 kept
+        being chosen, at a loss)."""
+        if len(passes) == 1:
+            self.add(passes[0], seconds)
+            return
+        widest = max(range(len(passes)), key=passes.__getitem__)
+        others = [self.measured(b) for i, b in enumerate(passes) if i != widest]
+        if any(c is None for c in others):
+            return  # nothing to subtract yet
+        rest = seconds - sum(c for c in others if c is not None)
+        if rest > 0:
+            self.add(passes[widest], rest)
+
     def measured(self, b: int) -> float | None:
         est = self._by_b.get(b)
         return est.value if est is not None else None
@@ -268,9 +309,10 @@ class _DrafterState:
 class _Option:
     drafter: str | None
     gamma: int
-    rate: float  # expected tokens per second
-    tokens: float  # expected tokens per round
+    rate: float  # expected tokens per second (the batch's: see Load.batch_tokens)
+    tokens: float  # expected tokens per round (likewise)
     seconds: float  # expected seconds per round
+    own: float  # the tokens this sequence is expected to commit
 
 
 class Controller:
@@ -386,7 +428,8 @@ class Controller:
         ``agreement``: how firmly it is anchored (:attr:`~edgespec.drafters.lookup.LookupDrafter.last_agreement`).
         ``load``: what the other sequences put into the same decode. ``remaining``: the most tokens the request
         may still generate (its max_tokens left), which a draft model's catch-up has to be won back within.
-        The choice then maximises the whole batch's expected tokens per second: on a GPU, whose decode costs about
+        The choice then maximises the whole batch's expected tokens per second (counted per sequence when the
+        load gives its sequences: see :meth:`Load.batch_tokens`): on a GPU, whose decode costs about
         the same up to many rows, a lone sequence drafts long and a full batch does not; on a CPU, whose cost
         grows with every row, it barely changes."""
         if self._lookup is not None:
@@ -396,7 +439,8 @@ class Controller:
             return Plan(None, 0, "measuring the plain decode cost")
         caps = {d: max(min(self._cap(d, len(lookup)), load.room - 1), 0) for d in self.drafters}
         seconds = load.decode_seconds(curve, 1) + load.seconds
-        plain = _Option(None, 0, (1.0 + load.tokens) / seconds, 1.0 + load.tokens, seconds)
+        tokens = load.batch_tokens(1.0)
+        plain = _Option(None, 0, tokens / seconds, tokens, seconds, 1.0)
         best_draft: _Option | None = None
         for d, cap in caps.items():
             option = self._option(d, range(1, cap + 1), curve, load=load, remaining=remaining)
@@ -422,7 +466,7 @@ class Controller:
         if probe is not None:
             self._probing = probe.drafter
             return Plan(
-                probe.drafter, probe.gamma, "probe " + self._describe(probe, plain), probe.tokens - load.tokens,
+                probe.drafter, probe.gamma, "probe " + self._describe(probe, plain), probe.own,
                 probe.gamma * (self._draft_cost(probe.drafter) or 0.0),
             )  # fmt: skip
         if best is plain:
@@ -431,7 +475,7 @@ class Controller:
                 why += f"; best draft {self._describe(best_draft, None)}"
             return Plan(None, 0, why)
         return Plan(
-            best.drafter, best.gamma, self._describe(best, plain), best.tokens - load.tokens,
+            best.drafter, best.gamma, self._describe(best, plain), best.own,
             best.gamma * (self._draft_cost(best.drafter) or 0.0),
         )  # fmt: skip
 
@@ -485,7 +529,7 @@ class Controller:
         curve = self._verify.curve(load.rows + n + 1)
         if curve is None or not n:
             return n
-        rates = [(load.tokens + k + 1) / (load.decode_seconds(curve, k + 1) + load.seconds) for k in range(n + 1)]
+        rates = [load.batch_tokens(k + 1) / (load.decode_seconds(curve, k + 1) + load.seconds) for k in range(n + 1)]
         return max(range(n + 1), key=rates.__getitem__)
 
     # ----- internals -------------------------------------------------------------------------------------
@@ -536,15 +580,15 @@ class Controller:
                     allowed = st.gap * min(per_token, self.catchup_allowance * curve[1]) / max(remaining, 1)
         best = None
         for gamma in gammas:
-            tokens = float(expected[gamma]) + load.tokens
+            tokens = load.batch_tokens(float(expected[gamma]))
             seconds = (
                 load.decode_seconds(curve, gamma + 1) + gamma * cost + switch + allowed * expected[gamma] + load.seconds
             )
             if best is None or tokens / seconds > best[0]:
-                best = (tokens / seconds, gamma, tokens, seconds)
+                best = (tokens / seconds, gamma, tokens, seconds, float(expected[gamma]))
         assert best is not None
-        rate, gamma, tokens, seconds = best
-        return _Option(drafter, gamma, rate, tokens, seconds)
+        rate, gamma, tokens, seconds, own = best
+        return _Option(drafter, gamma, rate, tokens, seconds, own)
 
     def _pick_probe(self, best: _Option, caps: dict[str, int], curve: list[float], load: Load) -> _Option | None:
         """The idle drafter whose credit covers a short draft's expected loss with the most to spare."""
