@@ -35,6 +35,9 @@ from edgespec.sampling import Readout, SamplingParams
 # 6.7x a single step, so a fully accepted one is 2.4x faster than plain decoding.
 DEFAULT_MAX_GAMMA = 16
 MAX_DRAFT_LEN = 64
+# The share of a one-token decode that auto's planning may take per round, on average (see Controller.plan): on a
+# CPU planning is far below it and every round is planned; on a GPU a plain plan then stands for a few rounds.
+PLAN_BUDGET = 0.01
 # Requests one engine serves at once: llama.cpp allows 256 sequences, but a decode's 65 rows shared by more than
 # 16 leaves them a few rows each, and every sequence holds its own n_ctx of KV.
 MAX_PARALLEL = 16
@@ -346,7 +349,9 @@ class Engine:
     def _controller(self, lane: Lane, settings: _RequestSettings) -> RoundController:
         if settings.draft_len == "auto":
             if lane.auto is None:
-                lane.auto = Controller(list(lane.drafters), max_gamma=self.max_gamma, verify_cost=self._curve)
+                lane.auto = Controller(
+                    list(lane.drafters), max_gamma=self.max_gamma, verify_cost=self._curve, plan_budget=PLAN_BUDGET
+                )
                 self._curve = lane.auto.verify_cost
             return lane.auto
         gamma = int(settings.draft_len)

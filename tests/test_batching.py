@@ -447,3 +447,17 @@ def test_prompts_go_in_first_come_first_served_and_the_first_token_comes_with_th
         engine._step()
     for g, prompt in ((a, first), (b, second), (c, c_prompt)):
         assert g.events[-1].tokens == tuple(plain_greedy(prompt, 8, target))
+
+
+def test_where_a_decode_is_fast_beside_a_plan_plain_plans_stand_for_some_rounds(monkeypatch) -> None:
+    """Auto on 4 lanes whose decodes take 2 ms (a GPU's), with planning made to look dear beside them: plain plans
+    are reused, and every reply is still the target's own greedy one."""
+    monkeypatch.setattr(engine_module, "PLAN_BUDGET", 1e-6)  # any plan is far over it: plain ones stand 16 rounds
+    target = FakeModel(eos_bias=-9, n_seq=4, delay=0.002)
+    draft = FakeModel(seed=1, noise=40.0, eos_bias=-9, n_seq=4, delay=0.0015)  # a poor, dear draft: plain wins
+    engine = Engine(target, draft, draft_len="auto", lookup=False)
+    params = SamplingParams(temperature=0, max_tokens=40)
+    for prompt, finished in zip(PROMPTS, Runtime(engine).generate_many(PROMPTS, params), strict=True):
+        assert list(finished.tokens) == plain_greedy(prompt, 40, target)
+    reused = sum(lane.auto.plans_reused for lane in engine._lanes if lane.auto is not None)
+    assert reused > 40, reused

@@ -338,3 +338,104 @@ def test_tokens_a_constraint_forces_go_in_as_far_as_the_batch_gains():
     assert ctl.certain_len(5, Load(rows=1, tokens=1.0, seconds=0.0, room=3)) == 2  # and within the decode's room
     assert ctl.certain_len(5, Load(rows=1, tokens=1.0, seconds=0.0, room=2)) == 1
     assert FixedController("lookup", 4).certain_len(3, Load(rows=3, tokens=3.0, room=60)) == 3
+
+
+def test_stopping_early_weighs_every_draft_length_alike():
+    """A plan stops weighing longer drafts once even their most tokens could not beat the best so far. On random
+    machines (curves that need not grow with width), loads (one pass or llama.cpp's several) and evidence, the
+    option it picks is the one weighing every γ picks; a bound that was not one would show up here."""
+    from edgespec.drafters.controller import _DecodeSeconds
+
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        ctl = Controller(["model", "lookup"], max_gamma=16)
+        step = float(rng.uniform(0.001, 0.06))
+        slope = float(rng.uniform(0.0, 0.6))
+        curve = {b: step * (1 + slope * (b - 1) * float(rng.uniform(0.2, 1.0))) for b in range(1, 60)}
+        ctl.record_costs(curve, {"model": step * float(rng.uniform(0.05, 0.9))}, {"model": step * 0.1})
+        ctl.start_request({"model": int(rng.integers(0, 40))})
+        for _ in range(int(rng.integers(0, 6))):
+            n = int(rng.integers(1, 8))
+            ctl._state["model"].acceptance.update(n, int(rng.integers(0, n + 1)))
+        proposal = int(rng.integers(1, 17))
+        ctl._lookup.offer(list(range(proposal)), int(rng.integers(0, 6)))
+        others = int(rng.integers(0, 6))
+        if others == 0:
+            load = Load()
+        else:
+            widths = [int(w) for w in rng.integers(1, 4, size=others)]
+            load = Load(
+                rows=sum(widths), tokens=float(sum(widths)), seconds=float(rng.uniform(0, step)), room=60,
+                passes=(lambda n, w=widths: [*w, n]) if rng.random() < 0.5 else None,
+                sequences=others, log_tokens=float(sum(np.log(widths))),
+            )  # fmt: skip
+        table = ctl._verify.curve(load.rows + 17)
+        for drafter, alpha, cap in (("model", None, 16), ("model", 0.95, 16), ("lookup", None, proposal)):
+            kw = dict(alpha=alpha, load=load, remaining=int(rng.integers(1, 200)))
+            pruned = ctl._option(drafter, range(1, cap + 1), table, decode=_DecodeSeconds(load, table), **kw)
+            every = ctl._option(drafter, range(1, cap + 1), table, prune=False, **kw)
+            assert pruned == every
+
+
+class _Clock:
+    """perf_counter for the controller: every reading 100 µs after the last, so a plan takes 100 µs."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += 1e-4
+        return self.now
+
+
+def _settling(monkeypatch: pytest.MonkeyPatch, step: float) -> Controller:
+    import edgespec.drafters.controller as module
+
+    monkeypatch.setattr(module, "time", _Clock())
+    ctl = Controller(["model", "lookup"], max_gamma=16, plan_budget=0.01)
+    # A GPU-like curve and a cheap draft model: beside three others' rows it does not pay at its prior α (0.6),
+    # so plain decoding is the plan, but it would at a probe's ceiling (α=0.95), so it gets probed.
+    ctl.record_costs({b: step * (1 + 0.15 * (b - 1)) for b in range(1, 40)}, {"model": step * 0.1}, {"model": 0.0})
+    ctl.start_request({"model": 0})
+    return ctl
+
+
+def test_a_plain_plan_stands_for_some_rounds_where_planning_is_dear_beside_the_decode(monkeypatch):
+    """With a 1.8 ms step, a 100 µs plan is 5.6 % of it: a plain plan stands for the next 5 rounds (one plan per
+    6 rounds keeps planning under 1 %), then the controller plans again."""
+    ctl = _settling(monkeypatch, 0.0018)
+    ctl._state["model"].credit = 0.0
+    load = Load(rows=3, tokens=3.0, seconds=0.0, room=60, sequences=3)
+
+    def round_(lookup=(), load=load):
+        plan = ctl.plan(lookup, load)
+        ctl.observe(plan, n_drafted=0, n_accepted=0, t_draft=0.0, t_verify=0.0018, committed=[1], record_verify=False)
+        return plan
+
+    first = round_()
+    assert first.drafter is None
+    assert [round_() for _ in range(5)] == [first] * 5 and ctl.plans_reused == 5
+    round_()  # worked out again
+    assert ctl.plans_reused == 5
+    round_()
+    assert ctl.plans_reused == 6
+    # What the plan was made from moves: a lookup proposal, another load, a probe come due. Each is planned.
+    round_(lookup=[5, 6, 7])
+    assert ctl.plans_reused == 6
+    round_()  # a fresh plain plan (nothing proposed)
+    round_(load=replace(load, rows=4, tokens=4.0, sequences=4))
+    assert ctl.plans_reused == 6
+    round_()
+    ctl._state["model"].credit = 1.0  # enough for any probe
+    probe = ctl.plan((), load)
+    assert probe.drafter == "model" and probe.reason.startswith("probe")
+
+
+def test_where_planning_is_cheap_beside_the_decode_every_round_is_planned(monkeypatch):
+    """On a CPU (a 40 ms step) a 100 µs plan is 0.25 % of it: the plan budget changes nothing."""
+    ctl = _settling(monkeypatch, 0.040)
+    load = Load(rows=3, tokens=3.0, seconds=0.0, room=60, sequences=3)
+    for _ in range(20):
+        plan = ctl.plan((), load)
+        ctl.observe(plan, n_drafted=0, n_accepted=0, t_draft=0.0, t_verify=0.04, committed=[1], record_verify=False)
+    assert ctl.plans_reused == 0

@@ -36,8 +36,10 @@ back, so a drafter whose catch-up costs more than it could win back (the draft m
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from itertools import accumulate
 from typing import Protocol
 
@@ -45,6 +47,9 @@ from edgespec.drafters.lookup_forecast import LookupForecast
 
 LOOKUP = "lookup"  # the drafter whose proposal is given to plan() (it is computed first, every round)
 PROBE_CEILING_ALPHA = 0.95  # a drafter that would lose even at this acceptance is not probed
+# With a plan budget (see Controller): a plain plan is reused for at most this many rounds, whatever it costs.
+MAX_PLAN_REUSE = 16
+SETTLED_SLACK = 0.1  # ... while the others' drafting seconds stay within this share of a one-token decode
 HICCUP_CLIP = 1.25  # a decode timing counts at most this multiple of its width's estimate
 
 
@@ -105,6 +110,24 @@ class Load:
 
 
 NO_LOAD = Load()
+
+
+class _DecodeSeconds:
+    """What one plan reads off the curve: the decode's cost by the rows this sequence puts in, each width worked out
+    once (a plan weighs a width up to three times: the best draft, the probe's ceiling, the probe), and ``floor``,
+    which no width costs less than: the curve's cheapest entry the decode can land on (a decode is one pass or more,
+    each of at least one row)."""
+
+    def __init__(self, load: Load, curve: Sequence[float]) -> None:
+        self._load, self._curve = load, curve
+        self._known: dict[int, float] = {}
+        self.floor = min(curve[load.rows + 1 :] if load.passes is None else curve[1:])
+
+    def __call__(self, n: int) -> float:
+        seconds = self._known.get(n)
+        if seconds is None:
+            seconds = self._known[n] = self._load.decode_seconds(self._curve, n)
+        return seconds
 
 
 class RoundController(Protocol):
@@ -305,6 +328,29 @@ class _DrafterState:
     backoff: int = 0  # failed probes in a row (each halves the exploration fraction)
 
 
+@dataclass
+class _Settled:
+    """A plain plan that stands for the next ``rounds`` rounds while what it was made from holds: the load (as
+    :func:`_load_key`, and the others' drafting seconds within ``slack`` of ``seconds``), nothing proposed by lookup,
+    and each idle drafter's credit short of its probe's price."""
+
+    plan: Plan
+    load: tuple[float, ...]
+    seconds: float
+    slack: float
+    rounds: int
+    probe_price: dict[str, float]
+
+    def holds(self, load: Load) -> bool:
+        # The others' seconds include the time their plans took, which is never the same twice: within a tenth of
+        # a step they are the same load.
+        return _load_key(load) == self.load and abs(load.seconds - self.seconds) <= self.slack
+
+
+def _load_key(load: Load) -> tuple[float, ...]:
+    return (load.rows, load.tokens, load.room, load.sequences or 0, load.log_tokens)
+
+
 @dataclass(frozen=True)
 class _Option:
     drafter: str | None
@@ -328,7 +374,10 @@ class Controller:
     sample; ``verify_slope_prior`` the extra cost per verified token, in one-token decodes, assumed while only
     one width is measured; ``optimism`` how much cheaper unmeasured widths are assumed; ``explore``,
     ``max_backoff``, ``probe_gamma`` and ``catchup_allowance`` as in the module doc; ``min_gain`` the margin by
-    which a draft's expected rate must beat plain decoding's.
+    which a draft's expected rate must beat plain decoding's. ``plan_budget``: the share of a one-token decode
+    that planning may take per round, on average; given, a plain plan made while lookup had nothing to propose
+    stands for as many rounds as keep it within that (none where a decode is slow, as on a CPU); None: a plan
+    every round.
     """
 
     def __init__(
@@ -349,6 +398,7 @@ class Controller:
         catchup_allowance: float = 0.05,
         min_gain: float = 0.03,
         verify_cost: VerifyCost | None = None,
+        plan_budget: float | None = None,
     ) -> None:
         if max_gamma < 1 or probe_gamma < 1:
             raise ValueError("max_gamma and probe_gamma must be >= 1")
@@ -377,6 +427,11 @@ class Controller:
         self._lookup = LookupForecast(max_gamma) if LOOKUP in self.drafters else None
         self._probing: str | None = None  # the drafter of an unresolved probe
         self._probe_accepted = False  # whether all its tokens were accepted
+        self.plan_budget = plan_budget
+        self._plan_seconds = DecayedRatio(0.9)  # what a plan (worked out, not reused) takes on this machine
+        self._settled: _Settled | None = None
+        self._probe_price: dict[str, float] = {}  # the credit at which each idle drafter's probe was due, last plan
+        self.plans_reused = 0
 
     # ----- public ----------------------------------------------------------------------------------------
     @property
@@ -392,6 +447,7 @@ class Controller:
             st.gap = (behind or {}).get(name, 0)
         if self._lookup is not None:
             self._lookup.reset()
+        self._settled = None
 
     def record_costs(
         self, verify: dict[int, float], draft: dict[str, float], catchup: dict[str, float] | None = None
@@ -400,6 +456,7 @@ class Controller:
         seconds per drafted token and seconds per caught-up token of each drafter. They seed the estimates that
         rounds then refine, so no live round is spent discovering that a wide verify, the draft model, or
         bringing the draft model back after it sat out is dear on this machine."""
+        self._settled = None
         for b, seconds in verify.items():
             self._verify.add(b, seconds)
         for name, seconds in draft.items():
@@ -431,19 +488,60 @@ class Controller:
         The choice then maximises the whole batch's expected tokens per second (counted per sequence when the
         load gives its sequences: see :meth:`Load.batch_tokens`): on a GPU, whose decode costs about
         the same up to many rows, a lone sequence drafts long and a full batch does not; on a CPU, whose cost
-        grows with every row, it barely changes."""
+        grows with every row, it barely changes.
+
+        With a ``plan_budget``, a plain plan is reused while nothing it was made from has moved, for as many rounds
+        as its cost asks (see :meth:`_reuse`): a plan weighs every drafter and γ, ~30-150 µs of Python here, and on a
+        GPU, whose decode of a few rows takes ~2-3 ms, working it out anew every round for 4 sequences cost auto a
+        fifth of plain decoding's speed (measured on an H200, where auto drafted nothing and still ran at 0.79x)."""
         if self._lookup is not None:
             self._lookup.offer(lookup, agreement)
+        settled = self._settled
+        if settled is not None:
+            if (
+                settled.rounds > 0
+                and not lookup
+                and self._probing is None
+                and settled.holds(load)
+                and all(self._state[d].credit < price for d, price in settled.probe_price.items())
+            ):
+                settled.rounds -= 1
+                self.plans_reused += 1
+                return settled.plan
+            self._settled = None
+        if self.plan_budget is None:
+            return self._plan(lookup, load, remaining)
+        t0 = time.perf_counter()
+        plan = self._plan(lookup, load, remaining)
+        self._plan_seconds.add(time.perf_counter() - t0)
+        rounds = self._reuse()
+        if plan.drafter is None and not lookup and self._probing is None and rounds > 0:
+            slack = SETTLED_SLACK * (self._verify.measured(1) or 0.0)
+            self._settled = _Settled(plan, _load_key(load), load.seconds, slack, rounds, dict(self._probe_price))
+        return plan
+
+    def _reuse(self) -> int:
+        """For how many more rounds a plain plan may stand: enough that planning, spread over them, takes at most
+        ``plan_budget`` of a one-token decode. None where planning is cheap beside the decode (on a CPU: ~0.1 ms
+        beside 20-70 ms), so there every round is planned."""
+        assert self.plan_budget is not None
+        spent, step = self._plan_seconds.value, self._verify.measured(1)
+        if spent is None or not step:
+            return 0
+        return min(MAX_PLAN_REUSE, math.ceil(spent / (self.plan_budget * step)) - 1)
+
+    def _plan(self, lookup: Sequence[int], load: Load, remaining: int | None) -> Plan:
         curve = self._verify.curve(load.rows + self.max_gamma + 1)
         if curve is None or self._verify.measured(1) is None:
             return Plan(None, 0, "measuring the plain decode cost")
         caps = {d: max(min(self._cap(d, len(lookup)), load.room - 1), 0) for d in self.drafters}
-        seconds = load.decode_seconds(curve, 1) + load.seconds
+        decode = _DecodeSeconds(load, curve)
+        seconds = decode(1) + load.seconds
         tokens = load.batch_tokens(1.0)
         plain = _Option(None, 0, tokens / seconds, tokens, seconds, 1.0)
         best_draft: _Option | None = None
         for d, cap in caps.items():
-            option = self._option(d, range(1, cap + 1), curve, load=load, remaining=remaining)
+            option = self._option(d, range(1, cap + 1), curve, load=load, remaining=remaining, decode=decode)
             if option is not None and (best_draft is None or option.rate > best_draft.rate):
                 best_draft = option
         # Drafting must promise a margin over plain: the estimates are noisy, and the best of several noisy
@@ -462,7 +560,7 @@ class Controller:
                 st.backoff = min(st.backoff + 1, self.max_backoff)
             self._probing = None
 
-        probe = self._pick_probe(best, caps, curve, load)
+        probe = self._pick_probe(best, caps, curve, load, decode)
         if probe is not None:
             self._probing = probe.drafter
             return Plan(
@@ -497,6 +595,8 @@ class Controller:
             raise ValueError(f"need 0 <= n_accepted <= n_drafted, got {n_accepted}, {n_drafted}")
         if record_verify:
             self._verify.add(n_drafted + 1, t_verify)
+        if n_drafted:
+            self._settled = None  # a drafter's evidence moved
         if self._lookup is not None:
             self._lookup.commit(committed)
         used = plan.drafter
@@ -554,23 +654,30 @@ class Controller:
         alpha: float | None = None,
         load: Load = NO_LOAD,
         remaining: int | None = None,
+        decode: _DecodeSeconds | None = None,
+        prune: bool = True,
     ) -> _Option | None:
         """The fastest of drafting γ in ``gammas`` with ``drafter`` (None if its cost is unknown); ``alpha``
         replaces a draft model's acceptance estimate. Rates are the batch's: ``load``'s tokens and seconds in.
-        ``remaining``: the request's tokens left, over which the allowed part of a catch-up is spread."""
+        ``remaining``: the request's tokens left, over which the allowed part of a catch-up is spread. ``decode``:
+        the plan's decode costs (worked out here if not given). ``prune=False`` weighs every γ (the tests' reference
+        for the bound that stops early)."""
         cost = self._draft_cost(drafter) if cost is None else cost
         if cost is None or not gammas:
             return None
+        decode = _DecodeSeconds(load, curve) if decode is None else decode
         switch = 0.0
         allowed = 0.0  # the part of the catch-up the allowance covers, spread over the tokens left
         if drafter == LOOKUP:  # checked every round, so it never sits out and has nothing to catch up
             assert self._lookup is not None
             # E[tokens] = the target's own token + each drafted token's chance to be reached and accepted.
-            expected = [1.0, *(1.0 + s for s in accumulate(self._lookup.survival(gammas[-1])))]
+            expected: Callable[[int], float] = [
+                1.0, *(1.0 + s for s in accumulate(self._lookup.survival(gammas[-1])))
+            ].__getitem__
         else:
             st = self._state[drafter]
             a = st.acceptance.alpha if alpha is None else alpha
-            expected = [expected_tokens(a, g) for g in range(gammas[-1] + 1)]
+            expected = partial(expected_tokens, a)  # in closed form: only the γ weighed are worked out
             if st.gap > 2:
                 # Back after sitting out: the catch-up beyond the allowance (see the module doc) is charged to
                 # this round, so a drafter dear to bring back is not switched to on a marginal estimate.
@@ -582,21 +689,32 @@ class Controller:
                     # (a prompt of 500 tokens the draft model has to prefill, 64 to generate) pays it in full over
                     # those: each round its share, as if the draft model drafted from here to the end.
                     allowed = st.gap * min(per_token, self.catchup_allowance * curve[1]) / max(remaining, 1)
+        # The most any γ here can count for: the expected tokens grow with γ, and the batch's count with them.
+        top = load.batch_tokens(float(expected(gammas[-1])))
         best = None
         for gamma in gammas:
-            tokens = load.batch_tokens(float(expected[gamma]))
-            seconds = (
-                load.decode_seconds(curve, gamma + 1) + gamma * cost + switch + allowed * expected[gamma] + load.seconds
-            )
+            # Every γ from here on costs at least this (drafting and the catch-up share grow with γ; the decode
+            # costs at least decode.floor), so once even ``top`` tokens for it cannot beat the best so far, no
+            # longer draft can: the answer is the same as weighing them all, for a fraction of the work (on a GPU,
+            # a plan that weighed all 16 widths twice cost ~60 µs alone and ~160 µs at 4 lanes: 10-20 % of a step).
+            floor = decode.floor + gamma * cost + switch + allowed * expected(gamma) + load.seconds
+            if prune and best is not None and top <= best[0] * floor:
+                break
+            own = float(expected(gamma))
+            tokens = load.batch_tokens(own)
+            seconds = decode(gamma + 1) + gamma * cost + switch + allowed * expected(gamma) + load.seconds
             if best is None or tokens / seconds > best[0]:
-                best = (tokens / seconds, gamma, tokens, seconds, float(expected[gamma]))
+                best = (tokens / seconds, gamma, tokens, seconds, own)
         assert best is not None
         rate, gamma, tokens, seconds, own = best
         return _Option(drafter, gamma, rate, tokens, seconds, own)
 
-    def _pick_probe(self, best: _Option, caps: dict[str, int], curve: list[float], load: Load) -> _Option | None:
+    def _pick_probe(
+        self, best: _Option, caps: dict[str, int], curve: list[float], load: Load, decode: _DecodeSeconds
+    ) -> _Option | None:
         """The idle drafter whose credit covers a short draft's expected loss with the most to spare."""
         chosen, spare = None, -math.inf
+        self._probe_price = {}  # past it, a reused plan would miss the probe: plan again
         for d, cap in caps.items():
             if d == best.drafter or d == LOOKUP or cap == 0:  # lookup is checked every round for free
                 continue
@@ -608,16 +726,21 @@ class Controller:
                 # Pointless where even a drafter that is nearly always right would lose (a draft model on a CPU,
                 # where its steps and the wide verify cost more than the tokens they save). Not "always right":
                 # no draft model is, and at α=1 a 15-token draft would just break even on the dev CPU.
-                ceiling = self._option(d, range(1, cap + 1), curve, cost, alpha=PROBE_CEILING_ALPHA, load=load)
+                ceiling = self._option(
+                    d, range(1, cap + 1), curve, cost, alpha=PROBE_CEILING_ALPHA, load=load, decode=decode
+                )
                 if ceiling is not None and ceiling.rate <= best.rate:
                     continue
             gamma = min(self.probe_gamma, cap)
-            option = self._option(d, range(gamma, gamma + 1), curve, curve[1] if cost is None else cost, load=load)
+            option = self._option(
+                d, range(gamma, gamma + 1), curve, curve[1] if cost is None else cost, load=load, decode=decode
+            )
             assert option is not None
             # A probe pays its whole catch-up: the allowance that keeps a drafter in the game when it is chosen
             # on its merits is no reason to spend exploration on it.
             allowed = st.gap * min(st.catchup.value or 0.0, self.catchup_allowance * curve[1]) if st.gap > 2 else 0.0
             loss = option.seconds - option.tokens / best.rate + allowed
+            self._probe_price[d] = loss
             if st.credit >= loss and st.credit - loss > spare:
                 chosen, spare = option, st.credit - loss
         return chosen
