@@ -491,8 +491,8 @@ class Controller:
         grows with every row, it barely changes.
 
         With a ``plan_budget``, a plain plan is reused while nothing it was made from has moved, for as many rounds
-        as its cost asks (see :meth:`_reuse`): a plan weighs every drafter and γ, ~30-150 µs of Python here, and on a
-        GPU, whose decode of a few rows takes ~2-3 ms, working it out anew every round for 4 sequences cost auto a
+        as its cost asks (see :meth:`_reuse`): a plan weighs every drafter and γ, ~30-200 µs of Python, and on a
+        GPU, whose decode of a few rows takes ~2-4 ms, working it out anew every round for 4 sequences cost auto a
         fifth of plain decoding's speed (measured on an H200, where auto drafted nothing and still ran at 0.79x)."""
         if self._lookup is not None:
             self._lookup.offer(lookup, agreement)
@@ -695,8 +695,9 @@ class Controller:
         for gamma in gammas:
             # Every γ from here on costs at least this (drafting and the catch-up share grow with γ; the decode
             # costs at least decode.floor), so once even ``top`` tokens for it cannot beat the best so far, no
-            # longer draft can: the answer is the same as weighing them all, for a fraction of the work (on a GPU,
-            # a plan that weighed all 16 widths twice cost ~60 µs alone and ~160 µs at 4 lanes: 10-20 % of a step).
+            # longer draft can: the answer is the same as weighing them all, for a fraction of the work (weighing
+            # all 16 widths twice took ~30-60 µs alone and ~90-160 µs at 4 lanes on the dev CPU: beside a GPU's
+            # decode of ~2-4 ms, up to a fifth of a step).
             floor = decode.floor + gamma * cost + switch + allowed * expected(gamma) + load.seconds
             if prune and best is not None and top <= best[0] * floor:
                 break
