@@ -698,12 +698,13 @@ class Controller:
             # longer draft can: the answer is the same as weighing them all, for a fraction of the work (weighing
             # all 16 widths twice took ~30-60 µs alone and ~90-160 µs at 4 lanes on the dev CPU: beside a GPU's
             # decode of ~2-4 ms, up to a fifth of a step).
-            floor = decode.floor + gamma * cost + switch + allowed * expected(gamma) + load.seconds
-            if prune and best is not None and top <= best[0] * floor:
-                break
             own = float(expected(gamma))
+            if prune and best is not None:
+                floor = decode.floor + gamma * cost + switch + allowed * own + load.seconds
+                if top <= best[0] * floor:
+                    break
             tokens = load.batch_tokens(own)
-            seconds = decode(gamma + 1) + gamma * cost + switch + allowed * expected(gamma) + load.seconds
+            seconds = decode(gamma + 1) + gamma * cost + switch + allowed * own + load.seconds
             if best is None or tokens / seconds > best[0]:
                 best = (tokens / seconds, gamma, tokens, seconds, own)
         assert best is not None
