@@ -415,6 +415,59 @@ def test_a_request_that_ends_while_another_thread_steps_frees_its_lane_when_that
     assert isinstance(list(engine.stream(ENGINE_PROMPT, params))[-1], Finished)  # the engine serves on
 
 
+def _busy_per_step(engine: Engine, monkeypatch) -> list[int]:
+    """The requests in rounds or prefilling at each step's start, as the engine steps."""
+    busy: list[int] = []
+    step = engine._step
+
+    def counted() -> None:
+        busy.append(sum(not g.done for g in engine._active))
+        step()
+
+    monkeypatch.setattr(engine, "_step", counted)
+    return busy
+
+
+@pytest.mark.parametrize("handover", [True, False])
+def test_a_caller_that_sends_its_next_request_at_once_gets_it_into_the_next_step(monkeypatch, handover) -> None:
+    """After a step that finished a request, the next step waits (a share of a step's time) for its caller to come
+    back: a client that sends requests one after another keeps its lane busy. Without the wait the other caller's
+    thread steps again at once, and the lane sits out a step (on a CPU, a step that prefills can take seconds)."""
+    monkeypatch.setattr(engine_module, "HANDOVER_SHARE", 5.0 if handover else 0.0)  # wide: no race with the clock
+    monkeypatch.setattr(engine_module, "HANDOVER_MAX_SECONDS", 1.0)
+    target = FakeModel(eos_bias=-9, n_seq=2, delay=0.01)
+    engine = Engine(target, None, draft_len=0, parallel=2)
+    busy = _busy_per_step(engine, monkeypatch)
+    short, long = SamplingParams(temperature=0, max_tokens=3), SamplingParams(temperature=0, max_tokens=40)
+    start = threading.Barrier(2)
+    replies: list[Finished] = []
+
+    def one_after_another() -> None:
+        start.wait(timeout=10)
+        for prompt in PROMPTS:
+            replies.append(list(engine.stream(prompt, short))[-1])
+
+    def one_long() -> None:
+        start.wait(timeout=10)
+        replies.append(list(engine.stream(PROMPTS[0], long))[-1])
+
+    threads = [threading.Thread(target=one_after_another), threading.Thread(target=one_long)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads) and len(replies) == 5
+    both = busy.index(2)
+    gaps = [i for i in range(both + 1, len(busy)) if busy[i] == 2 and busy[i - 1] < 2]
+    if handover:
+        assert not gaps, f"a lane sat out a step before its caller's next request: {busy}"
+        assert busy.count(2) >= 10  # the four short requests ran beside the long one
+    else:
+        assert gaps, "the other thread stepped at once: the lane should have sat out steps"
+    expected = {tuple(plain_greedy(p, 3, target)) for p in PROMPTS} | {tuple(plain_greedy(PROMPTS[0], 40, target))}
+    assert {r.tokens for r in replies} == expected
+
+
 def test_prompts_go_in_first_come_first_served_and_the_first_token_comes_with_the_prompts_end(monkeypatch) -> None:
     """With none in rounds, the earliest prompt goes in whole and alone (those that arrived with it would otherwise
     all wait for the last of them); beside rounds, PREFILL_CHUNK tokens a step for each request prefilling, given
