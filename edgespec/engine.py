@@ -272,21 +272,24 @@ class Engine:
                     if events:
                         continue
                     self._stepper = threading.current_thread()
+                    ended_before = {id(g) for g in self._active if g.done}
                 t0 = time.perf_counter()
                 try:
                     self._step()
                 finally:
-                    self._release(time.perf_counter() - t0)
+                    self._release(time.perf_counter() - t0, ended_before)
         finally:
             self._retire(generation)
 
-    def _release(self, step_seconds: float = 0.0) -> None:
+    def _release(self, step_seconds: float = 0.0, ended_before: set[int] | None = None) -> None:
+        """The step is over: free the lanes of the requests retired during it, and if it ended requests, open the
+        hand-over for their callers (``ended_before``: the ids of those that had ended before it)."""
         with self._cond:
             self._stepper = None
             # The requests that ended during the step give their lanes back now, before anyone steps again.
             while self._leaving:
                 self._free(self._leaving.popleft())
-            if any(g.done for g in self._active):  # it finished requests: their callers get a moment to come back
+            if any(g.done and id(g) not in (ended_before or ()) for g in self._active):
                 self._returning.clear()
                 self._handover_until = time.perf_counter() + min(HANDOVER_SHARE * step_seconds, HANDOVER_MAX_SECONDS)
             self._cond.notify_all()

@@ -468,6 +468,26 @@ def test_a_caller_that_sends_its_next_request_at_once_gets_it_into_the_next_step
     assert {r.tokens for r in replies} == expected
 
 
+def test_only_a_step_that_ends_requests_opens_the_hand_over(monkeypatch) -> None:
+    """A request that ended before the step (its caller has not taken the end yet, or never will) opens no wait:
+    otherwise every later step would wait for it."""
+    monkeypatch.setattr(engine_module, "HANDOVER_MAX_SECONDS", 10.0)  # longer than this test, however slow
+    target = FakeModel(eos_bias=-9, n_seq=2)
+    engine = Engine(target, None, draft_len=0, parallel=2)
+    params = SamplingParams(temperature=0, max_tokens=3)
+    ended = engine._admit(list(PROMPTS[0]), params, None, _RequestSettings(0, None, False))
+    ended.done = True
+    ended.owner = threading.Thread(target=lambda: None)  # its caller
+    engine._release(1.0, ended_before={id(ended)})
+    assert engine._handover_left() <= 0
+    engine._release(1.0, ended_before=set())  # it ended in this step
+    assert 0 < engine._handover_left() <= engine_module.HANDOVER_MAX_SECONDS
+    with engine._cond:
+        assert engine._handing_over()  # its caller, another thread, is still to take its end
+        ended.owner = threading.current_thread()
+        assert not engine._handing_over()  # this thread's own: it takes it before it steps
+
+
 def test_prompts_go_in_first_come_first_served_and_the_first_token_comes_with_the_prompts_end(monkeypatch) -> None:
     """With none in rounds, the earliest prompt goes in whole and alone (those that arrived with it would otherwise
     all wait for the last of them); beside rounds, PREFILL_CHUNK tokens a step for each request prefilling, given
