@@ -433,7 +433,7 @@ def test_a_caller_that_sends_its_next_request_at_once_gets_it_into_the_next_step
     """After a step that finished a request, the next step waits (a share of a step's time) for its caller to come
     back: a client that sends requests one after another keeps its lane busy. Without the wait the other caller's
     thread steps again at once, and the lane sits out a step (on a CPU, a step that prefills can take seconds)."""
-    monkeypatch.setattr(engine_module, "HANDOVER_SHARE", 5.0 if handover else 0.0)  # wide: no race with the clock
+    monkeypatch.setattr(engine_module, "HANDOVER_SHARE", 50.0 if handover else 0.0)  # wide: no race with the clock
     monkeypatch.setattr(engine_module, "HANDOVER_MAX_SECONDS", 1.0)
     target = FakeModel(eos_bias=-9, n_seq=2, delay=0.01)
     engine = Engine(target, None, draft_len=0, parallel=2)
