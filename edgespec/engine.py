@@ -302,8 +302,7 @@ class Engine:
         that ended is still to be taken by its caller on another thread, or its caller has not come back, or a
         request that came is still to get a free lane."""
         if self._handover_left() <= 0:
-            self._returning.clear()
-            return False
+            return False  # (threads left in _returning from an ended hand-over: cleared when the next one opens)
         me = threading.current_thread()
         return (
             any(g.done and g.owner is not me for g in self._active)
