@@ -10,9 +10,11 @@ peer alike. Reported per (level, class, strategy): total tok/s (tokens over the 
 request's start), the acceptance rate and where sampling ran.
 
 A single class's ratio at N > 1 swings by ±20 % from run to run on a shared 2-core machine: with ``repeats`` > 1
-each class runs that many rounds, the strategies' order rotating each round so that no strategy always goes first
-(or last) in the machine's drift; the report pools the rounds (tokens over wall time) and gives the spread of the
-rounds' own ratios to plain beside it.
+each class runs that many rounds of the engine's strategies (plain among them), their order rotating each round so
+that no strategy always goes first (or last) in the machine's drift; the report pools the rounds (tokens over wall
+time) and gives the spread of the rounds' own ratios to plain beside it. The references and peers (``auto-serial``,
+llama-server, ``edgespec serve``) run in the first round only: a ratio to plain that must tell 5 % apart needs the
+rounds, a server's time to first token does not, and each of them would add a run per round and class.
 
 At levels above 1, ``auto-serial`` is auto with one lane, which the N clients share one request at a time: what a
 server without batching gives them (time to first token includes the wait).
@@ -183,8 +185,9 @@ def run_load_bench(
 ) -> tuple[list[LoadRecord], list[str]]:
     """Every (level, class, strategy, round) run, and notes on what was skipped (a peer not on PATH).
 
-    ``auto-serial`` and ``edgespec-serve-1`` run in the first round only: they are the references for time to
-    first token, not ratios. ``serve``: ``edgespec serve`` as a peer (a second copy of the models in memory)."""
+    Only the engine's strategies run every round; the references and peers (``auto-serial``, llama-server,
+    ``edgespec serve``) run in the first. ``serve``: ``edgespec serve`` as a peer (a second copy of the models in
+    memory)."""
     from edgespec.bench import WARMUP_TOKENS, _engine_for
 
     names = [s for s in parse_strategies(strategies, has_draft=draft is not None) if not s.startswith("llama-cpp")]
@@ -245,7 +248,7 @@ def run_load_bench(
                 want = max(len(jobs), level if level == 1 else 2 * level)
                 jobs = (jobs * -(-want // len(jobs)))[:want]
                 for round_ in range(repeats):
-                    names_now = [n for n in runners if round_ == 0 or n not in (SERIAL, SERVE_SERIAL)]
+                    names_now = [n for n in runners if round_ == 0 or n in names]
                     turn = (i + round_) % len(names_now)
                     for name in names_now[turn:] + names_now[:turn]:
                         if task.name in peerless and name in HTTP_PEERS:

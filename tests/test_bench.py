@@ -495,7 +495,8 @@ ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
 @pytest.mark.real
 def test_llama_server_on_path_runs_as_a_peer_at_each_level(tiny_model_path: Path, tmp_path: Path, monkeypatch) -> None:
     """A stand-in for llama.cpp's server binary (it answers /health and streams /completion as llama-server does):
-    the bench starts it per level with -np N, with and without -md, and reads its stream and timings."""
+    the bench starts it per level with -np N, with and without -md, and reads its stream and timings. With two rounds
+    the peers run in the first only, plain in both."""
     import stat
     import sys
 
@@ -509,8 +510,11 @@ def test_llama_server_on_path_runs_as_a_peer_at_each_level(tiny_model_path: Path
     tasks = load_tasks(["code-edit"], prompts_per_task=1)
     params = SamplingParams(temperature=0, max_tokens=6)
     with Model(tiny_model_path, n_ctx=512, n_seq=2) as target, Model(tiny_model_path, n_ctx=512, n_seq=2) as draft:
-        records, notes = run_load_bench(target, draft, tasks, ["plain"], params, [2], lookup_len=4)
+        records, notes = run_load_bench(target, draft, tasks, ["plain"], params, [2], lookup_len=4, repeats=2)
     assert notes == []
+    assert sorted((r.round, r.strategy) for r in records) == [
+        (0, "llama-server"), (0, "llama-server-draft"), (0, "plain"), (1, "plain"),
+    ]  # fmt: skip
     by = {r.strategy: r for r in records}
     assert set(by) == {"plain", "llama-server", "llama-server-draft"}
     peer, drafting = by["llama-server"], by["llama-server-draft"]

@@ -96,7 +96,8 @@ def _split(value: str | None) -> list[str]:
     type=click.IntRange(min=1),
     default=None,
     help="Repetitions for --loop-cost (default 3), and rounds per class and level for --concurrency (default 1; "
-    "the strategies' order rotates each round and the report pools them, with the spread of the rounds' ratios).",
+    "the strategies' order rotates each round and the report pools them, with the spread of the rounds' ratios; "
+    "the peers and the one-request-at-a-time references run in the first round only).",
 )
 @click.option(
     "--with-penalties-logprobs",
@@ -214,12 +215,12 @@ def _concurrency(
             err=True,
         )
         levels = [n for n in levels if n <= target.n_seq]
-    n_strategies = len(parse_strategies(strategies, has_draft=draft is not None)) + (2 if peers else 0)
-    serial = sum(n > 1 for n in levels) if "auto" in strategies else 0  # auto-serial runs at levels above 1
-    if serve:  # edgespec serve --parallel N each round, --parallel 1 in the first round at levels above 1
-        n_strategies += 1
-        serial += sum(n > 1 for n in levels)
-    runs = (len(levels) * n_strategies * repeats + serial) * len(suite)
+    n_strategies = len(parse_strategies(strategies, has_draft=draft is not None))  # every round
+    once = (2 if peers else 0) * len(levels)  # the first round only: llama-server with and without the draft,
+    once += sum(n > 1 for n in levels) if "auto" in strategies else 0  # auto-serial at levels above 1,
+    if serve:  # edgespec serve --parallel N, and --parallel 1 at levels above 1
+        once += len(levels) + sum(n > 1 for n in levels)
+    runs = (len(levels) * n_strategies * repeats + once) * len(suite)
     with tqdm(total=runs, desc="bench", unit="run", file=sys.stderr, disable=None, leave=False) as bar:
 
         def on_run(record: Any) -> None:
