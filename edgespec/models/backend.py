@@ -28,7 +28,7 @@ import llama_cpp
 import numpy as np
 
 from edgespec.errors import ContextOverflowError, ModelError
-from edgespec.models.llama_thread import on_llama_thread
+from edgespec.models.llama_thread import runs_on_llama_thread
 from edgespec.models.microbatch import decode_passes, fill_gaps
 from edgespec.models.offload import Need, describe, plan_layers
 from edgespec.sampling import LOGITS, Candidates, Readout, Scores
@@ -503,6 +503,7 @@ class Model:
     The GPU backends were not checked.
     """
 
+    @runs_on_llama_thread  # loaded (and warmed up) on the thread every decode runs on
     def __init__(
         self,
         path: str | os.PathLike,
@@ -514,20 +515,6 @@ class Model:
         bit_exact: bool = False,
         n_seq: int = 1,
         progress: LoadProgress | None = None,
-    ) -> None:
-        # Loaded (and warmed up) on the thread every decode runs on: see edgespec.models.llama_thread.
-        on_llama_thread(self._load, path, n_ctx, n_gpu_layers, n_threads, n_batch, bit_exact, n_seq, progress)
-
-    def _load(
-        self,
-        path: str | os.PathLike,
-        n_ctx: int,
-        n_gpu_layers: int,
-        n_threads: int | None,
-        n_batch: int,
-        bit_exact: bool,
-        n_seq: int,
-        progress: LoadProgress | None,
     ) -> None:
         _init_backend()
         if n_seq < 1:
@@ -731,6 +718,7 @@ class Model:
         """
         return self.decode_batch(((self.slots[0], tokens, rows, readout),))[0]
 
+    @runs_on_llama_thread
     def decode_batch(self, parts: Sequence[Part]) -> list[Scores]:
         """Several sequences' tokens in one ``llama_decode`` (more when they exceed ``n_batch``): each part is
         ``(slot, tokens, rows, readout)`` as for :meth:`decode`, and gets its own scores back, in order.
@@ -739,9 +727,6 @@ class Model:
         refused here first: more than :data:`MAX_ROWS` rows in all, a slot of another model, a sequence twice.
         Runs on the llama thread, whichever thread calls (see :mod:`edgespec.models.llama_thread`).
         """
-        return on_llama_thread(self._decode_batch, parts)
-
-    def _decode_batch(self, parts: Sequence[Part]) -> list[Scores]:
         n_rows = 0
         seen: set[int] = set()
         for slot, tokens, rows, readout in parts:

@@ -8,8 +8,9 @@ decode on one thread, whichever thread asked, 30-35 ms (the hand-over costs ~20-
 whichever caller's thread steps (see :mod:`edgespec.engine`), the server on its worker, a desktop app on its own
 threads: each of them would have paid it. llama.cpp's own server loads and decodes on one thread too.
 
-So :class:`~edgespec.models.backend.Model` loads and decodes through :func:`on_llama_thread`: from the llama thread
-itself the call runs inline, from any other it runs there while the caller waits.
+So :class:`~edgespec.models.backend.Model` loads and decodes through :func:`on_llama_thread` (its ``__init__`` and
+``decode_batch`` are :func:`runs_on_llama_thread`): from the llama thread itself the call runs inline, from any other
+it runs there while the caller waits.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from functools import wraps
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -52,6 +54,16 @@ def on_llama_thread(fn: Callable[..., T], /, *args: object, **kwargs: object) ->
         # the model again (a roll-back of its KV under a running decode).
         wait([future])
         raise
+
+
+def runs_on_llama_thread(fn: Callable[..., T]) -> Callable[..., T]:
+    """``fn`` made to run through :func:`on_llama_thread` whoever calls it."""
+
+    @wraps(fn)
+    def on_thread(*args: object, **kwargs: object) -> T:
+        return on_llama_thread(fn, *args, **kwargs)
+
+    return on_thread
 
 
 def _forget_in_child() -> None:
