@@ -84,3 +84,33 @@ def test_an_unreadable_cache_only_means_measuring_again(tmp_path: Path, caplog: 
         assert cache.get(KEY) is None
         cache.put(KEY, COSTS)  # no error: the costs stay in memory for this run
     assert "cannot be read" in caplog.text and path.is_dir()
+
+
+def test_costs_are_measured_again_after_a_reboot_and_the_old_boots_entries_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A host name and a core count name many VMs alike ("vm 2"): a curve measured on the last one must not stand for
+    # this one's. The key names the boot; a put drops what this host wrote before it, and leaves other hosts' alone.
+    import edgespec.drafters.costs as costs_module
+
+    boot_id = tmp_path / "boot_id"
+    monkeypatch.setattr(costs_module, "BOOT_ID", boot_id)
+    monkeypatch.setattr(costs_module.platform, "node", lambda: "vm")
+    boot_id.write_text("1c5a3e9d-0f1b-4a53-9b9e-3d1f2f6a7b80\n")
+    first = costs_module.machine_key()
+    assert first.startswith("vm ") and first.endswith(" boot=1c5a3e9d")
+    path = tmp_path / "costs.json"
+    cache = CostCache(path)
+    cache.put(f"{first} model-a", COSTS)
+    cache.put("another-host 8 boot=00000000 model-a", COSTS)
+    cache.put(f"vm {costs_module.os.cpu_count()} model-a", COSTS)  # written before boots were in the key
+    assert cache.get(f"{first} model-a") == COSTS
+
+    boot_id.write_text("77e0c2aa-5d7c-4c55-8d0b-0a0f9c7e1d22\n")  # a reboot (or another VM of the same name)
+    second = costs_module.machine_key()
+    assert second != first and cache.get(f"{second} model-a") is None  # measured again
+    cache.put(f"{second} model-a", COSTS)
+    assert set(json.loads(path.read_text())) == {f"{second} model-a", "another-host 8 boot=00000000 model-a"}
+
+    boot_id.unlink()  # no boot id to read (not Linux): the host alone, kept across boots
+    assert costs_module.machine_key() == f"vm {costs_module.os.cpu_count()}"

@@ -1,9 +1,9 @@
 """Measured decode costs, remembered per machine and model setup.
 
-The engine calibrates what a verify of b tokens and a draft step cost before the controller's first choice (about a
-second for a 1.5B model on a 2-core CPU). Those costs belong to the machine, the model file and how it runs
-(threads, GPU layers), not to a process, so they are kept in a small JSON file and reused by the next process;
-rounds keep refining them in memory.
+The engine calibrates what a verify of b tokens and a draft step cost before the controller's first choice (7.1 s
+for a 1.5B model on a 2-core CPU, measured). Those costs belong to the machine, the model file and how it runs
+(threads, GPU layers), not to a process, so they are kept in a small JSON file and reused by the next process of
+the same boot; rounds keep refining them in memory.
 """
 
 from __future__ import annotations
@@ -47,9 +47,30 @@ def time_decodes(model: Any, token: int, width: int, repeat: int, readout: Reado
     return times
 
 
-def machine_key() -> str:
-    """The part of a setup key that names this machine (every key of this machine starts with it and a space)."""
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")  # Linux: a new random id at every boot
+
+
+def _boot_id() -> str | None:
+    try:
+        return BOOT_ID.read_text(encoding="ascii").strip()[:8] or None
+    except OSError:
+        return None  # not Linux (or no /proc): the costs are kept across boots
+
+
+def _host() -> str:
+    """This host as the cache knows it across boots: its name and logical CPUs."""
     return f"{platform.node()} {os.cpu_count()}"
+
+
+def machine_key() -> str:
+    """The part of a setup key that names this machine (every key of this machine starts with it and a space).
+
+    On Linux it names this boot as well: a host name and a core count do not tell two virtual machines apart (the
+    dev VMs here are all "vm 2", on CPUs that differ from one to the next), nor a machine whose driver or power
+    settings changed across a reboot. Costs are measured again once per boot (7.1 s for a 1.5B model on a 2-core
+    CPU; rounds refine them in memory from there)."""
+    boot = _boot_id()
+    return _host() + (f" boot={boot}" if boot else "")
 
 
 def setup_key(*models: Any) -> str:
@@ -120,7 +141,14 @@ class CostCache:
         return costs
 
     def put(self, key: str, costs: Costs) -> None:
-        data = {k: v for k, v in self._read().items() if _parse_costs(v) is not None}
+        """Store ``key``'s costs, dropping malformed entries and those this host wrote before its last boot (or
+        before boots were in the key): they are never read again (see :func:`machine_key`). Other hosts' stay."""
+        host, current = _host() + " ", machine_key() + " "
+        data = {
+            k: v
+            for k, v in self._read().items()
+            if _parse_costs(v) is not None and (not k.startswith(host) or k.startswith(current))
+        }
         data[key] = {**asdict(costs), "measured_at": round(time.time(), 1)}
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
