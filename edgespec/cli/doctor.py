@@ -250,9 +250,12 @@ def render(report: dict[str, Any]) -> list[str]:
     if head("threads", threads):
         lines.append(f"  {threads['default']} by default (of {threads['logical_cpus']} logical CPUs); -t sets it")
     costs = report["costs"]
-    if head("measured costs (cached for this machine)", costs):
+    if head("measured costs (cached for this machine, this boot)", costs):
         if not costs["entries"]:
-            lines.append(f"  none yet in {costs['path']}: the first generation measures them (about a second)")
+            lines.append(
+                f"  none yet in {costs['path']}: the first auto generation of each boot measures them "
+                "(7 s for a 1.5B model on a 2-core CPU)"
+            )
         for e in costs["entries"]:
             names = " + ".join(f"{m['file']} (threads {m['threads']}, ngl {m['n_gpu_layers']})" for m in e["models"])
             age = "age unknown" if e["age_s"] is None else _age(e["age_s"])
