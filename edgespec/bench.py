@@ -749,13 +749,37 @@ def decode_costs(
     return out
 
 
-def render_costs(table: dict[str, dict[int, float]]) -> str:
+def width_change_cost(model: Model, reps: int = 8, readout: Readout = ARGMAX) -> float:
+    """What a one-token decode costs more right after a 2-token one than after another one-token decode (llama.cpp
+    builds a new graph for a batch of another shape), after a 64-token context: see
+    :func:`edgespec.drafters.costs.time_switch`."""
+    from edgespec.drafters.costs import time_switch
+
+    token = model.vocab.bos if model.vocab.bos >= 0 else 0
+    model.truncate(0)
+    model.decode([token] * 64)
+    seconds = time_switch(model, token, 2, reps, readout)
+    model.truncate(0)
+    return seconds
+
+
+def render_costs(table: dict[str, dict[int, float]], changes: dict[str, float] | None = None) -> str:
+    """The decode costs by width, and (``changes``) what a change of width adds, per model."""
     headers = ["model", *(f"k={k}" for k in COST_WIDTHS)]
     rows = [
         [name, *(f"{1e3 * costs[k]:.1f} ms ({costs[k] / costs[1]:.2f}x)" for k in COST_WIDTHS)]
         for name, costs in table.items()
     ]
-    return format_table(headers, rows) + "\none decode of k tokens: milliseconds (and multiple of a single token)"
+    notes = "one decode of k tokens: milliseconds (and multiple of a single token), each width decoded again and again"
+    if changes:
+        headers.append("width change")
+        for row, (name, costs) in zip(rows, table.items(), strict=True):
+            row.append(f"+{1e3 * changes[name]:.2f} ms ({changes[name] / costs[1]:.0%})")
+        notes += (
+            "\nwidth change: what a decode adds when its width differs from the last decode's (llama.cpp builds a new "
+            "graph; a round that drafts between plain ones pays it twice, and auto prices that)"
+        )
+    return format_table(headers, rows) + "\n" + notes
 
 
 # ----- the loop's own cost ----------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from edgespec.constraint import Constraint
 from edgespec.drafters.base import Drafter
 from edgespec.drafters.controller import NO_LOAD, Controller, FixedController, Load, RoundController, VerifyCost
-from edgespec.drafters.costs import CostCache, Costs, setup_key, time_decodes
+from edgespec.drafters.costs import CostCache, Costs, setup_key, time_decodes, time_switch
 from edgespec.drafters.lookup import LookupDrafter
 from edgespec.drafters.model import ModelDrafter
 from edgespec.errors import ContextOverflowError, EdgespecError, InvalidParameterError
@@ -35,6 +35,9 @@ from edgespec.sampling import Readout, SamplingParams
 # 6.7x a single step, so a fully accepted one is 2.4x faster than plain decoding.
 DEFAULT_MAX_GAMMA = 16
 MAX_DRAFT_LEN = 64
+# One-token decodes timed after another one-token decode and after a 2-token one, to price a change of width: on the
+# dev CPU the change adds ~0.7 ms to a 31 ms step, so it takes a few samples of each to see it (1.1 s there).
+SWITCH_SAMPLES = 5
 # The share of a one-token decode that auto's planning may take per round, on average (see Controller.plan): on a
 # CPU planning is far below it and every round is planned; on a GPU a plain plan then stands for a few rounds.
 PLAN_BUDGET = 0.01
@@ -686,12 +689,14 @@ class Engine:
         # tokens had taken 201 ms: see Model's note on llama.cpp's micro-batches).
         verify = {} if readout.kind in self._curve_seeded else costs.verify
         self._curve_seeded.add(readout.kind)
-        lane.auto.record_costs(verify, costs.draft, costs.catchup)
+        lane.auto.record_costs(verify, costs.draft, costs.catchup, costs.switch)
         lane.calibrated_for = readout.kind
 
     def _measure_costs(self, lane: Lane, ctx: list[int], max_gamma: int, readout: Readout) -> Costs:
         """Two decodes of every verify width at the current context position (so attention length is realistic),
-        rolled back; the first request's prefill time includes them (~4 s for a 1.5B model on a 2-core CPU)."""
+        rolled back, and what a change of width adds (:func:`~edgespec.drafters.costs.time_switch`); the first
+        request's prefill time includes them (8.2 s for a 1.5B model on a 2-core CPU, 1.1 s of it the change of
+        width)."""
         # Every width, because the curve is not smooth: CPU kernels work in blocks, so a 16-token decode
         # measured cheaper than a 15-token one (6.7 vs 8.5 single steps) and 8 about as cheap as 7. The faster
         # of two samples, because one delayed sample would rule a width out for good (rounds only re-measure
@@ -701,6 +706,8 @@ class Engine:
         target = lane.target
         fits = range(1, min(max_gamma + 1, self.target.n_ctx - len(ctx)) + 1)
         verify = {b: min(time_decodes(target, pending, b, 3 if b == 1 else 2, readout)) for b in fits}
+        # Between 1 and 2 rows, the cheapest change (a graph costs about the same to build whatever its width).
+        switch = time_switch(target, pending, 2, SWITCH_SAMPLES, readout) if 2 in verify else 0.0
         draft: dict[str, float] = {}
         catchup: dict[str, float] = {}
         if lane.draft is not None and self.draft_model is not None and len(ctx) + 32 <= self.draft_model.n_ctx:
@@ -708,7 +715,7 @@ class Engine:
             # What bringing the draft model back after it sat out costs per missed token: a batched decode (the
             # second of two: the first builds the graph for that shape).
             catchup["model"] = time_decodes(lane.draft, pending, 32, 2, None)[-1] / 32
-        return Costs(verify, draft, catchup)
+        return Costs(verify, draft, catchup, switch)
 
     def _check_fits(self, n_prompt: int, max_tokens: int, headroom: int | None = None) -> None:
         # The verify batch can reach γ tokens past the last committed one before the rollback.

@@ -375,9 +375,9 @@ def test_the_shared_cost_curve_takes_the_calibration_once_per_readout(monkeypatc
     given: list[dict] = []
     original = Controller.record_costs
 
-    def recording(self, verify, draft, catchup=None):  # noqa: ANN001, ANN202
+    def recording(self, verify, draft, catchup=None, switch=None):  # noqa: ANN001, ANN202
         given.append(dict(verify))
-        return original(self, verify, draft, catchup)
+        return original(self, verify, draft, catchup, switch)
 
     monkeypatch.setattr(Controller, "record_costs", recording)
     target, draft = models(n_seq=3)

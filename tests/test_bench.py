@@ -343,8 +343,10 @@ def test_costs_table_through_the_cli(tiny_model_path) -> None:
     result = CliRunner().invoke(bench, ["--costs", "--json", "-m", path, "-d", "none"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     table = json.loads(result.stdout)
-    (costs,) = table.values()
+    (costs,) = table["decode"].values()
     assert sorted(int(k) for k in costs) == sorted(COST_WIDTHS) and all(v > 0 for v in costs.values())
+    (change,) = table["width_change"].values()
+    assert 0 <= change < costs["16"]  # a graph built anew, not a decode's worth of work
 
 
 @pytest.mark.real

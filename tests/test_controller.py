@@ -439,3 +439,39 @@ def test_where_planning_is_cheap_beside_the_decode_every_round_is_planned(monkey
         plan = ctl.plan((), load)
         ctl.observe(plan, n_drafted=0, n_accepted=0, t_draft=0.0, t_verify=0.04, committed=[1], record_verify=False)
     assert ctl.plans_reused == 0
+
+
+def test_a_change_of_width_is_priced_apart_and_not_counted_twice():
+    # llama.cpp builds a new graph for a batch of another shape: a round's decode pays ``switch`` when its width
+    # differs from the last one's. The curve keeps what a width costs while its graph is reused.
+    cost = VerifyCost(decay=0.5, slope_prior=0.5, optimism=0.0)
+    cost.switch = 0.002
+    for b in (1, 4):  # a calibration's repeated decodes of one width: taken as they are
+        cost.add(b, 0.010 * b, calibrated=True)
+    cost.add(1, 0.010)
+    cost.add(4, 0.040 + 0.002)  # a round's draft after a plain round: the change comes off
+    cost.add(1, 0.010 + 0.002)  # and back
+    cost.add(1, 0.010)  # the same width again: as it is
+    assert cost.measured(1) == pytest.approx(0.010) and cost.measured(4) == pytest.approx(0.040)
+
+
+def _drafting_controller(switch: float) -> Controller:
+    """A flat, GPU-like curve (1.8 ms a step, +2 % a row) and lookup's prior odds for a well-anchored proposal."""
+    ctl = Controller([LOOKUP], max_gamma=8)
+    ctl.record_costs({b: 0.0018 * (1 + 0.02 * (b - 1)) for b in range(1, 10)}, {}, switch=switch)
+    return ctl
+
+
+def test_a_draft_between_plain_rounds_pays_for_leaving_and_coming_back():
+    proposal = list(range(100, 104))  # 4 tokens, at agreement 6: worth a draft where a change of width is free
+    assert _drafting_controller(0.0).plan(proposal, agreement=6).drafter == LOOKUP
+    # Where a change costs as much as a step (its cost: two changes, going and coming back), it is not worth it.
+    assert _drafting_controller(0.0018).plan(proposal, agreement=6).drafter is None
+    # Once drafting, the same width again costs no change, and going back to plain was paid on the way in.
+    ctl = _drafting_controller(0.0018)
+    assert ctl._width_change(1) == 0.0 and ctl._width_change(5) == pytest.approx(2 * 0.0018)
+    ctl.observe(Plan(LOOKUP, 4), n_drafted=4, n_accepted=4, t_draft=0.0, t_verify=0.002, committed=[1] * 5)
+    assert ctl._width_change(5) == 0.0 and ctl._width_change(1) == 0.0
+    assert ctl._width_change(3) == pytest.approx(0.0018)  # one draft width to another: one change
+    ctl.start_request()  # a new request starts from its prompt's decode: leaving plain is charged again
+    assert ctl._width_change(5) == pytest.approx(2 * 0.0018)

@@ -415,3 +415,31 @@ def test_a_fixed_draft_length_needs_a_drafter_and_does_not_outlive_its_request()
     engine.set_draft_len("auto")  # the server sets each request's own; a wide one must not shrink the next's room
     assert engine.headroom == engine.max_gamma == 16
     run(engine, params=SamplingParams(temperature=0, max_tokens=256 - len(PROMPT) - 16))
+
+
+class _GraphRebuildingFake(FakeModel):
+    """A decode whose width differs from the last one's sleeps ``change`` seconds more, as llama.cpp builds a new
+    graph for a batch of another shape."""
+
+    change = 0.004
+
+    def decode(self, tokens, rows=(), readout=LOGITS):  # noqa: ANN001, ANN201
+        if len(tokens) != getattr(self, "_last_width", len(tokens)):
+            import time
+
+            time.sleep(self.change)
+        self._last_width = len(tokens)
+        return super().decode(tokens, rows, readout)
+
+
+def test_the_calibration_measures_what_a_change_of_width_adds_and_the_controller_prices_it(tmp_path) -> None:
+    from edgespec.drafters.costs import CostCache
+
+    cache = CostCache(tmp_path / "costs.json")
+    target = _GraphRebuildingFake(eos_bias=-9, delay=0.001)
+    engine = Engine(target, None, draft_len="auto", lookup=True, cost_cache=cache)
+    run(engine, params=SamplingParams(temperature=0, max_tokens=8))
+    (costs,) = engine._costs.values()
+    assert 0.002 < costs.switch < 0.02  # the sleep, give or take a busy machine's timing
+    assert engine._lanes[0].auto.verify_cost.switch == costs.switch  # what plans price
+    assert next(iter(cache.entries())).costs.switch == costs.switch  # and what the next process reads

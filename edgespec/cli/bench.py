@@ -23,6 +23,7 @@ from edgespec.bench import (
     render_prompt,
     render_report,
     run_bench,
+    width_change_cost,
 )
 from edgespec.bench_load import default_levels, records_json, render_load_report, run_load_bench
 from edgespec.cli.common import load_runtime, model_options, user_errors
@@ -80,8 +81,8 @@ def _split(value: str | None) -> list[str]:
 @click.option(
     "--costs",
     is_flag=True,
-    help="Only measure what one decode of k tokens costs for the target and the draft (the numbers behind "
-    "every speculation decision on this machine), and print that table.",
+    help="Only measure what one decode of k tokens costs for the target and the draft, and what a change of "
+    "width adds (the numbers behind every speculation decision on this machine), and print that table.",
 )
 @click.option(
     "--loop-cost",
@@ -167,12 +168,13 @@ def bench(
         with load_runtime(opts, quiet=as_json, parallel=max(levels) if levels else 1) as runtime:
             target, draft = runtime.engine.target, runtime.engine.draft_model
             if costs:
-                table = {
-                    m.name: decode_costs(m, readout=readout_for(params, m.n_vocab))
-                    for m in (target, draft)
-                    if m is not None
-                }
-                click.echo(json.dumps(table, indent=1) if as_json else render_costs(table))
+                models = [m for m in (target, draft) if m is not None]
+                table = {m.name: decode_costs(m, readout=readout_for(params, m.n_vocab)) for m in models}
+                changes = {m.name: width_change_cost(m, readout=readout_for(params, m.n_vocab)) for m in models}
+                if as_json:
+                    click.echo(json.dumps({"decode": table, "width_change": changes}, indent=1))
+                else:
+                    click.echo(render_costs(table, changes))
                 return
             if loop_cost:
                 _loop_cost(target, draft, suite, params, repeats or 3, as_json, with_penalties_logprobs)

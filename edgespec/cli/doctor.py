@@ -254,7 +254,7 @@ def render(report: dict[str, Any]) -> list[str]:
         if not costs["entries"]:
             lines.append(
                 f"  none yet in {costs['path']}: the first auto generation of each boot measures them "
-                "(7 s for a 1.5B model on a 2-core CPU)"
+                "(8 s for a 1.5B model on a 2-core CPU)"
             )
         for e in costs["entries"]:
             names = " + ".join(f"{m['file']} (threads {m['threads']}, ngl {m['n_gpu_layers']})" for m in e["models"])

@@ -27,6 +27,12 @@ by how firmly the proposal is anchored (how far the text before its match agrees
 a verify of b tokens costs ~b single steps, a long draft pays only where acceptance is near 1, and this is what
 tells those rounds apart.
 
+A decode whose width differs from the last one's pays for a new compute graph (llama.cpp reuses a graph only for a
+batch of the same shape): ``switch`` seconds, measured by the engine's calibration. A round that leaves plain
+decoding pays it twice, going and coming back, and is charged both at once; staying at its width or returning costs
+nothing more (see :meth:`Controller._width_change`). On the dev CPU a change costs 2 % of a step; where a step takes
+2 ms, a sparse draft can cost more in changes than it saves.
+
 A drafter that sat out pays a catch-up on return (a draft model decodes the tokens it missed). That cost is
 measured apart from the per-token cost. Up to ``catchup_allowance`` of a plain step per missed token is
 accepted as the price of keeping a drafter in the game; any excess is charged to the round that brings it
@@ -159,7 +165,11 @@ class RoundController(Protocol):
     def certain_len(self, n: int, load: Load = NO_LOAD) -> int: ...
 
     def record_costs(
-        self, verify: dict[int, float], draft: dict[str, float], catchup: dict[str, float] | None = None
+        self,
+        verify: dict[int, float],
+        draft: dict[str, float],
+        catchup: dict[str, float] | None = None,
+        switch: float | None = None,
     ) -> None: ...
 
 
@@ -240,8 +250,18 @@ class VerifyCost:
         self.optimism = optimism
         self._by_b: dict[int, DecayedRatio] = {}
         self._curve: list[float] | None = None  # cached; dropped on every add
+        self.switch = 0.0  # extra seconds of a decode whose width differs from the previous one's (a new graph)
+        self._last_b: int | None = None  # the width of the last decode added
 
-    def add(self, b: int, seconds: float) -> None:
+    def add(self, b: int, seconds: float, *, calibrated: bool = False) -> None:
+        """A decode of ``b`` rows took ``seconds``: a round's, right after the last one added, or (``calibrated``) one
+        of a calibration's repeated decodes of one width, which reused their graph."""
+        if not calibrated:
+            if b != self._last_b and self._last_b is not None:
+                # The curve is of decodes that reuse the last graph; a change of width is priced apart (``switch``),
+                # so it comes off here, or plans would count it twice.
+                seconds = max(seconds - self.switch, 0.0)
+            self._last_b = b
         est = self._by_b.setdefault(b, DecayedRatio(self.decay))
         known = est.value
         if known is not None:
@@ -426,6 +446,7 @@ class Controller:
         }
         self._lookup = LookupForecast(max_gamma) if LOOKUP in self.drafters else None
         self._probing: str | None = None  # the drafter of an unresolved probe
+        self._last_rows = 1  # the rows this sequence put into the last decode (its width, for a lone sequence)
         self._probe_accepted = False  # whether all its tokens were accepted
         self.plan_budget = plan_budget
         self._plan_seconds = DecayedRatio(0.9)  # what a plan (worked out, not reused) takes on this machine
@@ -448,17 +469,25 @@ class Controller:
         if self._lookup is not None:
             self._lookup.reset()
         self._settled = None
+        self._last_rows = 1  # a new request's first decode is its prompt's: a width of its own
 
     def record_costs(
-        self, verify: dict[int, float], draft: dict[str, float], catchup: dict[str, float] | None = None
+        self,
+        verify: dict[int, float],
+        draft: dict[str, float],
+        catchup: dict[str, float] | None = None,
+        switch: float | None = None,
     ) -> None:
         """Costs measured outside rounds (the engine's calibration): seconds of a target decode of b tokens,
         seconds per drafted token and seconds per caught-up token of each drafter. They seed the estimates that
         rounds then refine, so no live round is spent discovering that a wide verify, the draft model, or
-        bringing the draft model back after it sat out is dear on this machine."""
+        bringing the draft model back after it sat out is dear on this machine. ``switch``: what a decode costs more
+        when its width differs from the last one's (shared by the sequences, like the curve)."""
         self._settled = None
+        if switch is not None:
+            self._verify.switch = switch
         for b, seconds in verify.items():
-            self._verify.add(b, seconds)
+            self._verify.add(b, seconds, calibrated=True)
         for name, seconds in draft.items():
             if name in self._state:
                 self._state[name].cost.add(seconds)
@@ -595,6 +624,7 @@ class Controller:
             raise ValueError(f"need 0 <= n_accepted <= n_drafted, got {n_accepted}, {n_drafted}")
         if record_verify:
             self._verify.add(n_drafted + 1, t_verify)
+        self._last_rows = n_drafted + 1
         if n_drafted:
             self._settled = None  # a drafter's evidence moved
         if self._lookup is not None:
@@ -704,12 +734,24 @@ class Controller:
                 if top <= best[0] * floor:
                     break
             tokens = load.batch_tokens(own)
-            seconds = decode(gamma + 1) + gamma * cost + switch + allowed * own + load.seconds
+            seconds = decode(gamma + 1) + self._width_change(gamma + 1) + gamma * cost + switch + allowed * own
+            seconds += load.seconds
             if best is None or tokens / seconds > best[0]:
                 best = (tokens / seconds, gamma, tokens, seconds, own)
         assert best is not None
         rate, gamma, tokens, seconds, own = best
         return _Option(drafter, gamma, rate, tokens, seconds, own)
+
+    def _width_change(self, rows: int) -> float:
+        """The graph changes a round of ``rows`` rows is charged, after a round of ``self._last_rows``. Leaving plain
+        decoding (1 row) pays for the change there and, in advance, for the one back; staying at the same width, or
+        coming back to plain, then costs nothing more; moving from one draft width to another pays one change. So a
+        lone draft between plain rounds carries both of the changes it causes (on a GPU with ~2 ms steps, a sparse
+        draft of a token or two saves less than that), and a run of drafts of one width pays them once."""
+        last, switch = self._last_rows, self._verify.switch
+        if rows == last or rows == 1:
+            return 0.0
+        return 2.0 * switch if last == 1 else switch
 
     def _pick_probe(
         self, best: _Option, caps: dict[str, int], curve: list[float], load: Load, decode: _DecodeSeconds
@@ -808,7 +850,11 @@ class FixedController:
         return max(min(n, load.room - 1), 0)
 
     def record_costs(
-        self, verify: dict[int, float], draft: dict[str, float], catchup: dict[str, float] | None = None
+        self,
+        verify: dict[int, float],
+        draft: dict[str, float],
+        catchup: dict[str, float] | None = None,
+        switch: float | None = None,
     ) -> None:
         """A fixed plan needs no costs; the plain rate it reports comes from its own 1-token rounds."""
         if 1 in verify:

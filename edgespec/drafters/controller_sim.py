@@ -197,12 +197,14 @@ def replay(
     verify_cost: Callable[[int], float],
     *,
     lookup: LookupDrafter | None = None,
+    switch_cost: float = 0.0,
 ) -> SimResult:
     """Generate ``output`` again after ``prompt`` with lookup drafting under ``controller``.
 
     The target is assumed to commit ``output`` whatever is drafted (greedy decoding does, up to near-ties), so a
     lookup draft is accepted for as long as it agrees with it. ``verify_cost(b)`` is the seconds of a decode of
-    b tokens; lookup itself is free. No draft model: a plan for one is an error.
+    b tokens, and ``switch_cost`` what a decode adds when its width differs from the last one's (a new graph for
+    llama.cpp); lookup itself is free. No draft model: a plan for one is an error.
     """
     lookup = lookup or LookupDrafter()
     context = list(prompt)
@@ -210,6 +212,7 @@ def replay(
     controller.start_request()
     result = SimResult()
     n = len(output)
+    last_width = 1
     while result.tokens < n:
         at = result.tokens
         room = n - at
@@ -222,7 +225,8 @@ def replay(
         while accepted < gamma and proposal[accepted] == output[at + accepted]:
             accepted += 1
         committed = output[at : at + accepted + 1]
-        t_verify = verify_cost(gamma + 1)
+        t_verify = verify_cost(gamma + 1) + (switch_cost if gamma + 1 != last_width else 0.0)
+        last_width = gamma + 1
         controller.observe(
             plan, n_drafted=gamma, n_accepted=accepted, t_draft=0.0, t_verify=t_verify, committed=committed
         )

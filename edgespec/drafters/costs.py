@@ -1,6 +1,6 @@
 """Measured decode costs, remembered per machine and model setup.
 
-The engine calibrates what a verify of b tokens and a draft step cost before the controller's first choice (7.1 s
+The engine calibrates what a verify of b tokens and a draft step cost before the controller's first choice (8.2 s
 for a 1.5B model on a 2-core CPU, measured). Those costs belong to the machine, the model file and how it runs
 (threads, GPU layers), not to a process, so they are kept in a small JSON file and reused by the next process of
 the same boot; rounds keep refining them in memory.
@@ -30,6 +30,7 @@ class Costs:
     verify: dict[int, float]  # seconds of one target decode of b tokens
     draft: dict[str, float]  # seconds per drafted token, per drafter
     catchup: dict[str, float]  # seconds per caught-up token, per drafter
+    switch: float = 0.0  # extra seconds of a target decode whose width differs from the last one's (see time_switch)
 
 
 def time_decodes(model: Any, token: int, width: int, repeat: int, readout: Readout | None = LOGITS) -> list[float]:
@@ -62,12 +63,31 @@ def _host() -> str:
     return f"{platform.node()} {os.cpu_count()}"
 
 
+def time_switch(model: Any, token: int, other: int, repeat: int, readout: Readout | None = LOGITS) -> float:
+    """What a one-token decode costs more right after a decode of ``other`` tokens than right after another one-token
+    decode: the median of ``repeat`` of each, at the model's current KV position, every decode rolled back.
+
+    llama.cpp reuses the last decode's compute graph only for a batch of the same shape; any other width builds it
+    anew (llama-graph.cpp, ``can_reuse``: the KQ mask's rows are the batch's tokens). Measured on the 2-core dev CPU:
+    +0.6-0.8 ms for a 1-token decode after one of 2, 5 or 16 tokens, the same for the 1.5B (31 ms a step) and the
+    135M (9 ms); a calibration that times each width over and over never sees it."""
+    import statistics
+
+    after_one, after_other = [], []
+    for _ in range(repeat):
+        time_decodes(model, token, 1, 1, readout)
+        after_one += time_decodes(model, token, 1, 1, readout)
+        time_decodes(model, token, other, 1, readout)
+        after_other += time_decodes(model, token, 1, 1, readout)
+    return max(statistics.median(after_other) - statistics.median(after_one), 0.0)
+
+
 def machine_key() -> str:
     """The part of a setup key that names this machine (every key of this machine starts with it and a space).
 
     On Linux it names this boot as well: a host name and a core count do not tell two virtual machines apart (the
     dev VMs here are all "vm 2", on CPUs that differ from one to the next), nor a machine whose driver or power
-    settings changed across a reboot. Costs are measured again once per boot (7.1 s for a 1.5B model on a 2-core
+    settings changed across a reboot. Costs are measured again once per boot (8.2 s for a 1.5B model on a 2-core
     CPU; rounds refine them in memory from there)."""
     boot = _boot_id()
     return _host() + (f" boot={boot}" if boot else "")
@@ -192,8 +212,9 @@ def _parse_costs(entry: Any) -> Costs | None:
             verify={int(b): float(s) for b, s in entry["verify"].items()},
             draft={str(d): float(s) for d, s in entry["draft"].items()},
             catchup={str(d): float(s) for d, s in entry["catchup"].items()},
+            switch=float(entry.get("switch", 0.0)),
         )
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
-    times = [*costs.verify.values(), *costs.draft.values(), *costs.catchup.values()]
+    times = [*costs.verify.values(), *costs.draft.values(), *costs.catchup.values(), costs.switch]
     return costs if all(math.isfinite(t) and t >= 0 for t in times) else None
