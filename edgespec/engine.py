@@ -36,7 +36,7 @@ from edgespec.sampling import Readout, SamplingParams
 DEFAULT_MAX_GAMMA = 16
 MAX_DRAFT_LEN = 64
 # One-token decodes timed after another one-token decode and after a 2-token one, to price a change of width: on the
-# dev CPU the change adds ~0.7 ms to a 31 ms step, so it takes a few samples of each to see it (1.1 s there).
+# dev CPU the change adds 0.2-0.9 ms to a 31 ms step, so it takes a few samples of each to see it (1.1 s there).
 SWITCH_SAMPLES = 5
 # The share of a one-token decode that auto's planning may take per round, on average (see Controller.plan): on a
 # CPU planning is far below it and every round is planned; on a GPU a plain plan then stands for a few rounds.

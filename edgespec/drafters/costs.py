@@ -69,7 +69,7 @@ def time_switch(model: Any, token: int, other: int, repeat: int, readout: Readou
 
     llama.cpp reuses the last decode's compute graph only for a batch of the same shape; any other width builds it
     anew (llama-graph.cpp, ``can_reuse``: the KQ mask's rows are the batch's tokens). Measured on the 2-core dev CPU:
-    +0.6-0.8 ms for a 1-token decode after one of 2, 5 or 16 tokens, the same for the 1.5B (31 ms a step) and the
+    +0.2-0.9 ms for a 1-token decode after one of 2, 5 or 16 tokens for the 1.5B (31 ms a step), +0.6-0.8 ms for the
     135M (9 ms); a calibration that times each width over and over never sees it."""
     import statistics
 
