@@ -34,7 +34,8 @@ import math
 import re
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from pathlib import Path
@@ -740,13 +741,9 @@ def decode_costs(
 
     from edgespec.drafters.costs import time_decodes
 
-    token = model.vocab.bos if model.vocab.bos >= 0 else 0
-    model.truncate(0)
-    model.decode([token] * 64)
-    # The first use of a batch shape builds a graph: not counted.
-    out = {k: statistics.median(time_decodes(model, token, k, reps + 1, readout)[1:]) for k in widths}
-    model.truncate(0)
-    return out
+    with _after_a_context(model) as token:
+        # The first use of a batch shape builds a graph: not counted.
+        return {k: statistics.median(time_decodes(model, token, k, reps + 1, readout)[1:]) for k in widths}
 
 
 def width_change_cost(model: Model, reps: int = 8, readout: Readout = ARGMAX) -> float:
@@ -755,12 +752,20 @@ def width_change_cost(model: Model, reps: int = 8, readout: Readout = ARGMAX) ->
     :func:`edgespec.drafters.costs.time_switch`."""
     from edgespec.drafters.costs import time_switch
 
+    with _after_a_context(model) as token:
+        return time_switch(model, token, 2, reps, readout)
+
+
+@contextmanager
+def _after_a_context(model: Model) -> Iterator[int]:
+    """The model's KV holding a 64-token context (of the token given) while timings are taken, empty after."""
     token = model.vocab.bos if model.vocab.bos >= 0 else 0
     model.truncate(0)
     model.decode([token] * 64)
-    seconds = time_switch(model, token, 2, reps, readout)
-    model.truncate(0)
-    return seconds
+    try:
+        yield token
+    finally:
+        model.truncate(0)
 
 
 def render_costs(table: dict[str, dict[int, float]], changes: dict[str, float] | None = None) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -425,8 +426,6 @@ class _GraphRebuildingFake(FakeModel):
 
     def decode(self, tokens, rows=(), readout=LOGITS):  # noqa: ANN001, ANN201
         if len(tokens) != getattr(self, "_last_width", len(tokens)):
-            import time
-
             time.sleep(self.change)
         self._last_width = len(tokens)
         return super().decode(tokens, rows, readout)

@@ -180,18 +180,23 @@ def test_lookup_ceiling_bounds_every_schedule():
     assert lookup_ceiling([5, *source], source[:3] + source[3:], lambda b: 1.0, 16) <= len(source) / 17 + 4
 
 
+def _recorded_qwen_generations() -> tuple[list[float], dict[str, list[dict]]]:
+    """The recorded decode costs (single steps by width) and generations, by task class."""
+    data = json.loads((Path(__file__).parent / "data" / "qwen_traces.json").read_text())
+    by_task: dict[str, list[dict]] = {}
+    for trace in data["traces"]:
+        by_task.setdefault(trace["task"], []).append(trace)
+    return data["steps"], by_task
+
+
 def test_replay_on_recorded_qwen_generations():
     # Real text: Qwen2.5-Coder 1.5B's greedy answers to the bench's prompts, with the decode costs of the dev CPU.
     # Replayed per task class with one controller each (as the bench does); no clock is involved.
-    data = json.loads((Path(__file__).parent / "data" / "qwen_traces.json").read_text())
-    steps = data["steps"]
+    steps, by_task = _recorded_qwen_generations()
 
     def cost(b: int) -> float:
         return steps[b - 1]
 
-    by_task: dict[str, list[dict]] = {}
-    for trace in data["traces"]:
-        by_task.setdefault(trace["task"], []).append(trace)
     speedup, ceiling = {}, {}
     for task, traces in by_task.items():
         ctl = Controller(["lookup"], max_gamma=16)
@@ -227,10 +232,7 @@ def test_pricing_changes_of_width_keeps_sparse_drafts_from_losing_where_a_change
     # step more (llama.cpp builds a new graph; on the dev CPU a change cost ~2 % of a 1.5B step). A controller
     # that does not know it drafts where a draft saves less than the two changes it causes: on math it fell to
     # 0.94x of plain decoding. Knowing it, no class falls below 0.98x and the classes' mean rises.
-    data = json.loads((Path(__file__).parent / "data" / "qwen_traces.json").read_text())
-    by_task: dict[str, list[dict]] = {}
-    for trace in data["traces"]:
-        by_task.setdefault(trace["task"], []).append(trace)
+    _, by_task = _recorded_qwen_generations()
     cost, switch = H200_PROFILE.verify, 0.5 * H200_PROFILE.verify(1)
 
     def speedups(priced: bool) -> dict[str, float]:

@@ -168,9 +168,9 @@ def bench(
         with load_runtime(opts, quiet=as_json, parallel=max(levels) if levels else 1) as runtime:
             target, draft = runtime.engine.target, runtime.engine.draft_model
             if costs:
-                models = [m for m in (target, draft) if m is not None]
-                table = {m.name: decode_costs(m, readout=readout_for(params, m.n_vocab)) for m in models}
-                changes = {m.name: width_change_cost(m, readout=readout_for(params, m.n_vocab)) for m in models}
+                readouts = {m: readout_for(params, m.n_vocab) for m in (target, draft) if m is not None}
+                table = {m.name: decode_costs(m, readout=r) for m, r in readouts.items()}
+                changes = {m.name: width_change_cost(m, readout=r) for m, r in readouts.items()}
                 if as_json:
                     click.echo(json.dumps({"decode": table, "width_change": changes}, indent=1))
                 else:
