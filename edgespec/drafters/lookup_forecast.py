@@ -28,6 +28,15 @@ assumes no independence between positions: in a copy h rises with k, in prose it
 evidence, its hazard follows the rule of succession: after ``a + k - 1`` agreeing tokens (``a`` before the match,
 ``k - 1`` proposed ones), the next agrees with probability ``(a + k) / (a + k + f)``, ``f`` pseudo-failures making it
 cautious (on a CPU a wrong long draft costs several decode steps for one token).
+
+A firmer anchor is never less reliable: from agreement 2 up, a bucket's hazard at k is at least that of the buckets
+below it (down to 2) where those have seen token k tested. Within one long copy the agreement climbs through the
+buckets a round or two at a time, and each would otherwise start from its prior while the lower ones have just
+watched the copy run. Replayed on recorded answers (tests/data/qwen_corpus_traces.json: 16 code edits of 8 snippets
+in 5 languages, 10 summaries and proof-readings, 10 answers that copy little) at three decode cost curves measured
+on the 2-core dev CPU, auto's share of the lookup ceiling went from 48-62 % to 54-64 % on the code edits and from
+49-62 % to 53-63 % on the summaries; the answers that copy little stayed within 0.1 % of where they were (0.993x-1.005x
+plain). Agreements 0 and 1 (bare matches, mostly guesses) neither lift nor are lifted.
 """
 
 from __future__ import annotations
@@ -38,6 +47,9 @@ from dataclasses import dataclass
 from itertools import accumulate
 
 from edgespec.drafters.lookup import AGREEMENT_CAP
+
+# The least agreement bucket (agreements 2-3) whose evidence lifts the buckets above it: see the module docstring.
+LIFT_FROM_BUCKET = 2
 
 
 def agreement_bucket(agreement: int) -> int:
@@ -103,7 +115,7 @@ class LookupForecast:
     def survival(self, length: int) -> list[float]:
         """``S[k-1]``: estimated chance that the current proposal's first k tokens are all accepted, k ≤ length."""
         length = min(length, len(self._offer))
-        return list(accumulate(self.hazard(self._bucket)[:length], operator.mul))
+        return list(accumulate(self.hazard(self._bucket, length), operator.mul))
 
     def commit(self, tokens: Sequence[int]) -> None:
         """The tokens the round committed, in order: they settle (part of) the pending proposals."""
@@ -139,10 +151,24 @@ class LookupForecast:
         self._offer = []
 
     # ----- estimates ---------------------------------------------------------------------------------------
-    def hazard(self, bucket: int) -> list[float]:
-        """``h[k-1]`` = P(token k of a proposal made in agreement bucket ``bucket`` is right | tokens before k were)."""
+    def hazard(self, bucket: int, length: int | None = None) -> list[float]:
+        """``h[k-1]`` = P(token k of a proposal made in agreement bucket ``bucket`` is right | tokens before k were),
+        for k up to ``length`` (all by default): the bucket's own estimate, or where a lower bucket (from
+        :data:`LIFT_FROM_BUCKET` up) has seen token k tested and estimates it higher, that bucket's."""
+        n = self.max_len if length is None else length
+        own = self._own_hazard(bucket, n)
+        if bucket <= LIFT_FROM_BUCKET:
+            return own
+        return list(map(max, own, *(self._own_hazard(b, n, tested_only=True) for b in range(LIFT_FROM_BUCKET, bucket))))
+
+    def _own_hazard(self, bucket: int, n: int, *, tested_only: bool = False) -> list[float]:
+        """The bucket's hazards from its own evidence and prior, k = 1..n; with ``tested_only``, 0 where fewer than
+        one (faded) proposal was tested at k: a lower bucket's prior alone says nothing about a higher one."""
         w, scale = self.prior_weight, self._scale
+        least = 1.0 if tested_only else 0.0
         return [
-            (hits * scale + w * prior) / (trials * scale + w)
-            for hits, trials, prior in zip(self._hits[bucket], self._trials[bucket], self._prior[bucket], strict=True)
+            (hits * scale + w * prior) / (trials * scale + w) if trials * scale >= least else 0.0
+            for hits, trials, prior in zip(
+                self._hits[bucket][:n], self._trials[bucket][:n], self._prior[bucket][:n], strict=True
+            )
         ]
