@@ -33,8 +33,8 @@ A firmer anchor is never less reliable: from agreement 2 up, a bucket's hazard a
 below it (down to 2) where those have seen token k tested. Within one long copy the agreement climbs through the
 buckets a round or two at a time, and each would otherwise start from its prior while the lower ones have just
 watched the copy run. Replayed on recorded answers (tests/data/qwen_corpus_traces.json: 16 code edits of 8 snippets
-in 5 languages, 10 summaries and proof-readings, 10 answers that copy little) at three decode cost curves measured
-on the 2-core dev CPU, auto's share of the lookup ceiling went from 48-62 % to 54-64 % on the code edits and from
+in 5 languages, 10 summaries and proof-readings, 10 answers that copy little) at four decode cost curves measured
+on 2-core dev CPUs, auto's share of the lookup ceiling went from 48-62 % to 54-64 % on the code edits and from
 49-62 % to 53-63 % on the summaries; the answers that copy little stayed within 0.1 % of where they were (0.993x-1.001x
 plain). Agreements 0 and 1 (bare matches, mostly guesses) neither lift nor are lifted.
 """
