@@ -207,30 +207,39 @@ def test_lookup_ceiling_bounds_every_schedule():
     assert lookup_ceiling([5, *source], source[:3] + source[3:], lambda b: 1.0, 16) <= len(source) / 17 + 4
 
 
-def _recorded_qwen_generations() -> tuple[list[float], dict[str, list[dict]]]:
-    """The recorded decode costs (single steps by width) and generations, by task class."""
-    data = json.loads((Path(__file__).parent / "data" / "qwen_traces.json").read_text())
+def _recorded_qwen_generations(name: str = "qwen_traces.json") -> tuple[list[float], dict[str, list[dict]]]:
+    """The recorded decode costs (single steps by width) and generations of ``tests/data/<name>``, by task class."""
+    data = json.loads((Path(__file__).parent / "data" / name).read_text())
     by_task: dict[str, list[dict]] = {}
     for trace in data["traces"]:
         by_task.setdefault(trace["task"], []).append(trace)
     return data["steps"], by_task
 
 
-def test_replay_on_recorded_qwen_generations():
-    # Real text: Qwen2.5-Coder 1.5B's greedy answers to the bench's prompts, with the decode costs of the dev CPU.
-    # Replayed per task class with one controller each (as the bench does); no clock is involved.
-    steps, by_task = _recorded_qwen_generations()
+def _replayed_by_task(steps: list[float], by_task: dict[str, list[dict]]) -> dict[str, tuple[float, float]]:
+    """Per task class, auto's speedup over plain decoding and the lookup ceiling, replayed at the ``steps`` curve with
+    one controller each (as the bench does); no clock is involved."""
 
     def cost(b: int) -> float:
         return steps[b - 1]
 
-    speedup, ceiling = {}, {}
+    out = {}
     for task, traces in by_task.items():
         ctl = Controller(["lookup"], max_gamma=16)
         ctl.record_costs({b: cost(b) for b in range(1, 18)}, {})
         plain = sum(len(t["output"]) for t in traces)
-        speedup[task] = plain / sum(replay(ctl, t["prompt"], t["output"], cost).seconds for t in traces)
-        ceiling[task] = plain / sum(lookup_ceiling(t["prompt"], t["output"], cost, 16) for t in traces)
+        speedup = plain / sum(replay(ctl, t["prompt"], t["output"], cost).seconds for t in traces)
+        ceiling = plain / sum(lookup_ceiling(t["prompt"], t["output"], cost, 16) for t in traces)
+        out[task] = (speedup, ceiling)
+    return out
+
+
+def test_replay_on_recorded_qwen_generations():
+    # Real text: Qwen2.5-Coder 1.5B's greedy answers to the bench's prompts, with the decode costs of the dev CPU.
+    # Replayed per task class with one controller each (as the bench does); no clock is involved.
+    replayed = _replayed_by_task(*_recorded_qwen_generations())
+    speedup = {task: s for task, (s, _) in replayed.items()}
+    ceiling = {task: c for task, (_, c) in replayed.items()}
     assert set(speedup) == {"code-edit", "code-gen", "creative", "math", "summarize", "translate"}
     for task in speedup:
         assert speedup[task] >= 0.99, (task, speedup[task])  # where nothing is copied, it stays plain
@@ -248,24 +257,10 @@ def test_replay_on_the_recorded_corpus_and_what_lifting_firmer_anchors_adds(monk
     # A larger recorded set than the bench's 3-4 prompts a class (tests/data/corpus-*.toml): 16 code edits of 8
     # snippets in 5 languages, 10 answers that copy little, 10 summaries and proof-readings, at the CPU curve measured
     # with them. With 3 prompts a class one decision can move a share by 15 points; here the differences held.
-    data = json.loads((Path(__file__).parent / "data" / "qwen_corpus_traces.json").read_text())
-    by_task: dict[str, list[dict]] = {}
-    for trace in data["traces"]:
-        by_task.setdefault(trace["task"], []).append(trace)
+    steps, by_task = _recorded_qwen_generations("qwen_corpus_traces.json")
 
-    def cost(b: int) -> float:
-        return data["steps"][b - 1]
-
-    def replayed() -> dict[str, tuple[float, float]]:
-        out = {}
-        for task, traces in by_task.items():
-            ctl = Controller(["lookup"], max_gamma=16)
-            ctl.record_costs({b: cost(b) for b in range(1, 18)}, {})
-            plain = sum(len(t["output"]) for t in traces)
-            speedup = plain / sum(replay(ctl, t["prompt"], t["output"], cost).seconds for t in traces)
-            ceiling = plain / sum(lookup_ceiling(t["prompt"], t["output"], cost, 16) for t in traces)
-            out[task] = (speedup, (speedup - 1) / (ceiling - 1))
-        return out
+    def replayed() -> dict[str, tuple[float, float]]:  # speedup and share of the ceiling's gain
+        return {task: (s, (s - 1) / (c - 1)) for task, (s, c) in _replayed_by_task(steps, by_task).items()}
 
     lifted = replayed()
     monkeypatch.setattr(lookup_forecast, "LIFT_FROM_BUCKET", 1 << 10)  # every bucket on its own evidence

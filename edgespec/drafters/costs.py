@@ -14,6 +14,7 @@ import math
 import os
 import platform
 import re
+import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -71,8 +72,6 @@ def time_switch(model: Any, token: int, other: int, repeat: int, readout: Readou
     anew (llama-graph.cpp, ``can_reuse``: the KQ mask's rows are the batch's tokens). Measured on the 2-core dev CPU:
     +0.2-0.9 ms for a 1-token decode after one of 2, 5 or 16 tokens for the 1.5B (31 ms a step), +0.6-0.8 ms for the
     135M (9 ms); a calibration that times each width over and over never sees it."""
-    import statistics
-
     after_one, after_other = [], []
     for _ in range(repeat):
         time_decodes(model, token, 1, 1, readout)
