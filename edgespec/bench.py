@@ -17,9 +17,10 @@ gets one fresh engine per task class, run over all of that class's prompts: its 
 prompts of one kind of text, as they would in a session, but no class benefits from what another taught it.
 
 Greedy runs also report each class's *lookup ceiling*: the speedup that the best possible lookup schedule would
-reach on plain's output (drafting exactly as far as each proposal turns out right), priced with the decode costs
-measured at the start. No controller of prompt lookup can beat it, so it says how much of what is there ``auto``
-takes, and when a goal is out of reach on this machine. Each strategy's share of it is taken against the ceiling
+reach on plain's output (drafting exactly as far as each proposal turns out right), priced with the mean of the
+decode costs measured right before and right after that class (the curve drifts within minutes on a shared VM). No
+controller of prompt lookup can beat it, so it says how much of what is there ``auto`` takes, and when a goal is out
+of reach on this machine. Each strategy's share of it is taken against the ceiling
 of its *own* outputs: a batched verify can flip a greedy near-tie, and the text after the flip may copy more or
 less of the prompt than plain's (on the re-indent prompt, plain's answer kept the old indentation, a copy with a
 ceiling of 2.3x, and auto's re-indented it, 1.2x).
@@ -443,12 +444,29 @@ def run_bench(
                 _measure(runner, first, short)
 
         widths = range(1, DEFAULT_MAX_GAMMA + 2)
-        # A median of 4 per width: of 2 it is their mean, which one slow decode moves, and the ceiling with it.
-        cost_curve = decode_costs(target, widths, reps=4) if ceiling and params.greedy else None
+
+        # Priced where the verifies run: after a prompt of the run's median length and half the tokens asked for. A
+        # wide decode's attention grows with the context (a 16-token decode measured 7.2 single steps after 64
+        # tokens, 7.5 after 400 and 8.0 after 700 on the dev CPU), so costs read after a short context promise a
+        # ceiling that the runs' longer contexts cannot reach.
+        lengths = sorted(len(p) for p in prompts.values())
+        context = lengths[len(lengths) // 2] + params.max_tokens // 2 if lengths else 64
+
+        def price() -> dict[int, float] | None:
+            # A median of 4 per width: of 2 it is their mean, which one slow decode moves, and the ceiling with it.
+            return decode_costs(target, widths, reps=4, context=context) if ceiling and params.greedy else None
+
+        # The ceiling of a class is priced at the mean of the costs measured right before and right after it: on a
+        # 2-core VM the curve drifts within minutes (a 16-token decode at 7.0, 9.3 and 6.8 single steps within one
+        # hour), and a ceiling priced at costs from another part of the run says what was possible then, not while
+        # the strategies ran.
+        before = price()
+        curves: list[dict[int, float]] = [before] if before is not None else []
         i = 0
         for task in tasks:
             if "auto" in engines:  # fresh per task class: see the module docstring
                 engines["auto"] = _engine_for("auto", target, draft, lookup_len, p_min)
+            outputs: list[tuple[int, list[int], list[int]]] = []  # (record index, prompt, output) to price
             for prompt in task.prompts:
                 order = strategies[i % len(strategies) :] + strategies[: i % len(strategies)]
                 i += 1
@@ -460,17 +478,30 @@ def run_bench(
                         continue
                     result = _measure(runner, tokens, replace(params, constraint=grammar))
                     output = result.pop("tokens", None)
-                    if cost_curve is not None and output:
-                        seconds = lookup_ceiling(tokens, output, cost_curve.__getitem__, DEFAULT_MAX_GAMMA)
-                        result["ceiling"] = len(output) * cost_curve[1] / seconds
+                    if before is not None and output:
+                        outputs.append((len(records), tokens, output))
                     records.append(RunRecord(task.name, prompt.id, name, **result))
                     done += 1
                     if on_run is not None:
                         on_run(records[-1], done, total)
+            if before is not None and outputs:
+                after = price()
+                assert after is not None
+                curves.append(after)
+                cost = {b: (before[b] + after[b]) / 2 for b in widths}
+                for at, tokens, output in outputs:
+                    seconds = lookup_ceiling(tokens, output, cost.__getitem__, DEFAULT_MAX_GAMMA)
+                    records[at] = replace(records[at], ceiling=len(output) * cost[1] / seconds)
+                before = after
     finally:
         for peer in peers.values():
             peer.close()
-    return BenchResult(_config(target, draft, tasks, strategies, params, lookup_len, DEFAULT_MAX_GAMMA), records)
+    config = _config(target, draft, tasks, strategies, params, lookup_len, DEFAULT_MAX_GAMMA)
+    if curves:
+        # Seconds per decode by width, as measured before the first class and after each: how the machine drifted.
+        config["ceiling_costs"] = [{str(b): c[b] for b in widths} for c in curves]
+        config["ceiling_context"] = context
+    return BenchResult(config, records)
 
 
 def _measure(runner: Engine | Peer, prompt: list[int], params: SamplingParams) -> dict[str, Any]:
@@ -718,7 +749,7 @@ def render_report(result: BenchResult) -> str:
             notes.append(
                 "lookup ceiling: the speedup of the best possible lookup schedule on plain's output (drafting exactly "
                 f"as far as each proposal agrees, γ ≤ {cfg.get('ceiling_max_gamma')}) at the decode costs measured "
-                "here: no lookup controller can beat it"
+                "right before and after its class: no lookup controller can beat it" + _drift(cfg)
             )
         if shares:
             notes.append(
@@ -728,20 +759,37 @@ def render_report(result: BenchResult) -> str:
     return "\n\n".join(parts) + "\n\n" + "\n".join(notes)
 
 
+def _drift(cfg: dict[str, Any]) -> str:
+    """How far the priced costs moved over the run, as the widest decode's cost in single steps (a config from
+    before they were recorded: nothing)."""
+    curves = cfg.get("ceiling_costs") or []
+    ratios = [c[w] / c["1"] for c in curves if (w := max(c, key=int, default="1")) != "1" and c["1"] > 0]
+    if not ratios:
+        return ""
+    widest = max(curves[0], key=int)
+    spread = f"{min(ratios):.2f}" if len(ratios) == 1 else f"{min(ratios):.2f}-{max(ratios):.2f}"
+    return f" (a {widest}-token decode at {spread} single steps across {len(ratios)} measurements)"
+
+
 # ----- decode costs -----------------------------------------------------------------------------------------
 COST_WIDTHS = (1, 2, 3, 4, 5, 6, 8, 16)
 
 
 def decode_costs(
-    model: Model, widths: Sequence[int] = COST_WIDTHS, reps: int = 8, readout: Readout = ARGMAX
+    model: Model,
+    widths: Sequence[int] = COST_WIDTHS,
+    reps: int = 8,
+    readout: Readout = ARGMAX,
+    context: int = 64,
 ) -> dict[int, float]:
-    """Median seconds of one decode of k tokens after a 64-token context, every row read back as ``readout`` (as a
-    verify asks; greedy's argmax by default)."""
+    """Median seconds of one decode of k tokens after a ``context``-token context (less if the widest decode would
+    not fit after it), every row read back as ``readout`` (as a verify asks; greedy's argmax by default)."""
     import statistics
 
     from edgespec.drafters.costs import time_decodes
 
-    with _after_a_context(model) as token:
+    context = max(min(context, model.n_ctx - max(widths, default=1) - 1), 1)
+    with _after_a_context(model, context) as token:
         # The first use of a batch shape builds a graph: not counted.
         return {k: statistics.median(time_decodes(model, token, k, reps + 1, readout)[1:]) for k in widths}
 
@@ -757,11 +805,11 @@ def width_change_cost(model: Model, reps: int = 8, readout: Readout = ARGMAX) ->
 
 
 @contextmanager
-def _after_a_context(model: Model) -> Iterator[int]:
-    """The model's KV holding a 64-token context (of the token given) while timings are taken, empty after."""
+def _after_a_context(model: Model, length: int = 64) -> Iterator[int]:
+    """The model's KV holding a context of ``length`` tokens (the token given) while timings are taken, empty after."""
     token = model.vocab.bos if model.vocab.bos >= 0 else 0
     model.truncate(0)
-    model.decode([token] * 64)
+    model.decode([token] * length)
     try:
         yield token
     finally:

@@ -191,6 +191,47 @@ def test_run_bench_on_the_tiny_model_with_every_strategy(tiny_model_path: Path) 
     json.dumps(report)  # serialisable as the --json output
 
 
+@pytest.mark.real
+def test_each_class_ceiling_is_priced_at_the_costs_measured_around_it(tiny_model_path: Path, monkeypatch) -> None:
+    import edgespec.bench as bench
+    import edgespec.drafters.controller_sim as sim
+    from edgespec.models.backend import Model
+
+    # A machine whose wide decodes get dearer over the run: its k-th measurement prices a decode of b tokens at
+    # 1 + k·(b - 1) single steps. Each class must be priced at the mean of the measurements before and after it.
+    measured: list[int] = []  # the context each measurement was taken after
+
+    def drifting(model, widths, reps=8, readout=None, context=64):
+        k = len(measured)
+        measured.append(context)
+        return {b: 0.01 * (1 + k * (b - 1)) for b in widths}
+
+    priced: list[tuple[float, float, float]] = []  # (cost of 1 row, cost of 17, the ceiling's seconds) per output
+    real_ceiling = sim.lookup_ceiling
+
+    def spy(prompt, output, verify_cost, max_gamma, **kwargs):
+        seconds = real_ceiling(prompt, output, verify_cost, max_gamma, **kwargs)
+        priced.append((verify_cost(1), verify_cost(17), len(output) * verify_cost(1) / seconds))
+        return seconds
+
+    monkeypatch.setattr(bench, "decode_costs", drifting)
+    monkeypatch.setattr(sim, "lookup_ceiling", spy)
+    tasks = load_tasks(["code-edit", "summarize"], prompts_per_task=1)
+    params = SamplingParams(temperature=0, max_tokens=12)
+    with Model(tiny_model_path, n_ctx=1024) as target:
+        result = run_bench(target, None, tasks, ["plain", "lookup"], params, warmup=False)
+        lengths = sorted(len(bench.prompt_job(target, t.prompts[0])[0]) for t in tasks)
+    # Before the first class and after each, all after a context as long as the median prompt and half the tokens.
+    assert measured == [lengths[1] + 6] * 3 and result.config["ceiling_context"] == lengths[1] + 6
+    assert [c["17"] for c in result.config["ceiling_costs"]] == pytest.approx([0.01, 0.17, 0.33])
+    # Two runs a class, in order: code-edit at the mean of measurements 0 and 1, summarize at that of 1 and 2.
+    assert [one for one, _, _ in priced] == pytest.approx([0.01] * 4)
+    assert [wide for _, wide, _ in priced] == pytest.approx([0.09, 0.09, 0.25, 0.25])
+    assert [r.ceiling for r in result.records] == pytest.approx([c for _, _, c in priced])
+    text = bench.render_report(result)
+    assert "a 17-token decode at 1.00-33.00 single steps across 3 measurements" in text
+
+
 def test_the_untuned_code_edits_load_as_a_workload() -> None:
     (task,) = load_tasks(source=Path(__file__).parent / "data" / "untuned-code-edits.toml")
     assert task.name == "untuned-code-edit" and [p.id for p in task.prompts] == [
