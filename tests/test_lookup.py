@@ -18,16 +18,27 @@ def propose(drafter: LookupDrafter, context, max_len: int = 8) -> list[int]:
     return draft.tokens
 
 
+def _agreement(tokens: list[int], a: int, b: int) -> int:
+    """How many tokens before positions a < b are equal, read backwards, at most 64."""
+    k = 0
+    while k < min(a, 64) and tokens[a - 1 - k] == tokens[b - 1 - k]:
+        k += 1
+    return k
+
+
 def brute_force(tokens: list[int], max_len: int, min_n: int, max_n: int) -> list[int]:
-    """The specification: longest suffix n-gram, latest earlier occurrence, what followed it."""
+    """The specification: longest suffix n-gram; of its latest 8 earlier occurrences, the one whose preceding
+    tokens agree longest with those before the suffix (at most 64 compared; the latest on a tie); what followed it."""
     end = len(tokens)
     for n in range(max_n, min_n - 1, -1):
         if end < n + 1:
             continue
         suffix = tokens[end - n :]
-        for e in range(end - 1, n - 1, -1):  # latest first; the suffix itself (e == end) is not earlier
-            if tokens[e - n : e] == suffix:
-                return [tokens[e + i % (end - e)] for i in range(max_len)]  # past the end: around the loop
+        # latest first; the suffix itself (e == end) is not earlier
+        ends = [e for e in range(end - 1, n - 1, -1) if tokens[e - n : e] == suffix][:8]
+        if ends:
+            e = max(ends, key=lambda e, n=n: (_agreement(tokens, e - n, end - n), e))
+            return [tokens[e + i % (end - e)] for i in range(max_len)]  # past the end: around the loop
     return []
 
 
@@ -52,6 +63,8 @@ def test_satisfies_the_drafter_protocol():
         ([1, 2, 3, 50, 9, 2, 3, 60, 1, 2, 3], 1, [50], 3),
         # same n: the most recent occurrence wins
         ([5, 6, 70, 5, 6, 80, 5, 6], 8, [80, 5, 6, 80, 5, 6, 80, 5], 2),
+        # ... unless an earlier one is preceded by what precedes the suffix: "9 1 2 3 4" was followed by 50
+        ([9, 1, 2, 3, 4, 50, 7, 8, 1, 2, 3, 4, 60, 7, 9, 1, 2, 3, 4], 2, [50, 7], 4),
         # overlapping occurrences in a repeating "a b a b a": the latest "a b a" is followed by "b a", and so on
         ([7, 8, 7, 8, 7], 5, [8, 7, 8, 7, 8], 3),
         # a proposal that reaches the end of the context goes on around the loop it found

@@ -1,4 +1,4 @@
-"""Prompt lookup: propose what followed the last occurrence of the text's most recent n-gram.
+"""Prompt lookup: propose what followed an earlier occurrence of the text's most recent n-gram.
 
 Output that echoes its input (code edits, summaries, quoting) repeats long spans of the prompt or of itself.
 When the last ``n`` committed tokens occurred earlier, the tokens that followed them then are a free draft: no
@@ -8,7 +8,11 @@ The search is a dictionary lookup, not a scan. For every n in ``min_n..max_n`` a
 the positions ``e`` where it ended and a token followed (the n-gram is ``tokens[e-n:e]``, its continuation
 starts at ``tokens[e]``). Positions are appended in increasing order, so the last one is the most recent
 occurrence, and removing a suffix of the text (a new request that shares only part of the last one's context)
-pops exactly the entries it added. Each committed token is indexed once.
+pops exactly the entries it added. Each committed token is indexed once. Where the n-gram occurred more than once,
+the proposal copies the occurrence whose preceding text agrees longest with the text before the n-gram (of its
+latest :data:`SOURCE_CANDIDATES`; the latest on a tie). (Replayed on 26 recorded Qwen code edits at five decode cost
+curves measured on the 2-core dev CPU, auto's pooled share of the lookup ceiling went from 53-60 % to 56-64 %; the
+answers that copy little stayed where they were.)
 
 An edit that changes one token throughout (a rename, an indentation width) breaks every copy at each place the
 token occurs. So the drafter watches the copy its last proposal came from: where the output wrote ``y`` in place
@@ -33,6 +37,7 @@ NGram = tuple[int, ...]
 AGREEMENT_CAP = 64  # how far back last_agreement compares: a longer agreement says nothing more
 RESUME_TO_CONFIRM = 2  # tokens the copy must go on for after a changed one before the change counts as a substitution
 MAX_SUBSTITUTIONS = 32  # an edit changes a few tokens throughout, not dozens
+SOURCE_CANDIDATES = 8  # the latest occurrences of a repeated n-gram weighed as the place being copied
 
 
 @dataclass
@@ -46,7 +51,8 @@ class _Copy:
 
 
 class LookupDrafter:
-    """Deterministic drafter (``q=None``) that copies the continuation of the longest, latest n-gram match.
+    """Deterministic drafter (``q=None``) that copies the continuation of the longest n-gram match, from the
+    occurrence whose preceding text agrees longest.
 
     ``min_n``/``max_n`` bound the n-gram length (llama.cpp's n-gram cache uses 1..4). The default skips
     1-grams: a single repeated token (a bracket, a space) predicts its successor poorly, and a rejected draft
@@ -107,12 +113,11 @@ class LookupDrafter:
             hits = self._index[n - self.min_n].get(tuple(tokens[end - n :]))
             if hits:
                 self.last_ngram = n
-                e = hits[-1]  # most recent; e < end, so at least one token follows
+                subs = self.substitutions
+                e, self.last_agreement = self._source(hits, n, end)  # e < end: at least one token follows
                 # Where the copy reaches the end of the text, the text is repeating with period end - e: go on
                 # around the loop (a model stuck in a loop, a table's rows) instead of stopping there.
                 period = end - e
-                subs = self.substitutions
-                self.last_agreement = _agreement(tokens, e - n, end - n, subs, self._repeated)
                 if self.learn_substitutions and (self._copy is None or self._copy.changed is None):
                     # (a change waits for its copy to resume)
                     self._copy = _Copy(offset=period, since=end)
@@ -123,6 +128,23 @@ class LookupDrafter:
     def commit(self, context: Sequence[int]) -> None:
         """Index the tokens committed since the last call."""
         self._sync(context)
+
+    def _source(self, hits: list[int], n: int, end: int) -> tuple[int, int]:
+        """Of the latest :data:`SOURCE_CANDIDATES` ends of the suffix n-gram, the one whose preceding text agrees
+        longest with the text before the suffix (the latest on a tie), and that agreement.
+
+        A repeated n-gram (an indented ``return``, a closing bracket) is most recently found in the output's own
+        last lines, while the place the output is copying is an earlier one, in the prompt: the longest agreement
+        finds it, as a suffix tree's longest match would."""
+        tokens, subs, repeated = self._tokens, self.substitutions, self._repeated
+        best, best_agreement = hits[-1], -1
+        for e in reversed(hits[-SOURCE_CANDIDATES:]):
+            agreement = _agreement(tokens, e - n, end - n, subs, repeated)
+            if agreement > best_agreement:
+                best, best_agreement = e, agreement
+                if agreement >= AGREEMENT_CAP:
+                    break
+        return best, best_agreement
 
     # ----- the index ----------------------------------------------------------------------------------------
     def _sync(self, context: Sequence[int]) -> None:
