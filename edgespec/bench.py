@@ -452,16 +452,16 @@ def run_bench(
         lengths = sorted(len(p) for p in prompts.values())
         context = lengths[len(lengths) // 2] + params.max_tokens // 2 if lengths else 64
 
-        def price() -> dict[int, float] | None:
+        def price() -> dict[int, float]:
             # A median of 4 per width: of 2 it is their mean, which one slow decode moves, and the ceiling with it.
-            return decode_costs(target, widths, reps=4, context=context) if ceiling and params.greedy else None
+            return decode_costs(target, widths, reps=4, context=context)
 
         # The ceiling of a class is priced at the mean of the costs measured right before and right after it: on a
         # 2-core VM the curve drifts within minutes (a 16-token decode at 7.0, 9.3 and 6.8 single steps within one
         # hour), and a ceiling priced at costs from another part of the run says what was possible then, not while
         # the strategies ran.
-        before = price()
-        curves: list[dict[int, float]] = [before] if before is not None else []
+        priced = ceiling and params.greedy
+        curves = [price()] if priced else []  # before the first class, then after each
         i = 0
         for task in tasks:
             if "auto" in engines:  # fresh per task class: see the module docstring
@@ -478,21 +478,18 @@ def run_bench(
                         continue
                     result = _measure(runner, tokens, replace(params, constraint=grammar))
                     output = result.pop("tokens", None)
-                    if before is not None and output:
+                    if priced and output:
                         outputs.append((len(records), tokens, output))
                     records.append(RunRecord(task.name, prompt.id, name, **result))
                     done += 1
                     if on_run is not None:
                         on_run(records[-1], done, total)
-            if before is not None and outputs:
-                after = price()
-                assert after is not None
-                curves.append(after)
-                cost = {b: (before[b] + after[b]) / 2 for b in widths}
+            if outputs:
+                curves.append(price())
+                cost = {b: (curves[-2][b] + curves[-1][b]) / 2 for b in widths}
                 for at, tokens, output in outputs:
                     seconds = lookup_ceiling(tokens, output, cost.__getitem__, DEFAULT_MAX_GAMMA)
                     records[at] = replace(records[at], ceiling=len(output) * cost[1] / seconds)
-                before = after
     finally:
         for peer in peers.values():
             peer.close()
@@ -763,10 +760,10 @@ def _drift(cfg: dict[str, Any]) -> str:
     """How far the priced costs moved over the run, as the widest decode's cost in single steps (a config from
     before they were recorded: nothing)."""
     curves = cfg.get("ceiling_costs") or []
-    ratios = [c[w] / c["1"] for c in curves if (w := max(c, key=int, default="1")) != "1" and c["1"] > 0]
+    widest = max(curves[0], key=int) if curves else "1"
+    ratios = [c[widest] / c["1"] for c in curves if c["1"] > 0] if widest != "1" else []
     if not ratios:
         return ""
-    widest = max(curves[0], key=int)
     spread = f"{min(ratios):.2f}" if len(ratios) == 1 else f"{min(ratios):.2f}-{max(ratios):.2f}"
     return f" (a {widest}-token decode at {spread} single steps across {len(ratios)} measurements)"
 

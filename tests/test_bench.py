@@ -206,7 +206,7 @@ def test_each_class_ceiling_is_priced_at_the_costs_measured_around_it(tiny_model
         measured.append(context)
         return {b: 0.01 * (1 + k * (b - 1)) for b in widths}
 
-    priced: list[tuple[float, float, float]] = []  # (cost of 1 row, cost of 17, the ceiling's seconds) per output
+    priced: list[tuple[float, float, float]] = []  # (cost of 1 row, cost of 17, the ceiling's speedup) per output
     real_ceiling = sim.lookup_ceiling
 
     def spy(prompt, output, verify_cost, max_gamma, **kwargs):
