@@ -215,8 +215,14 @@ class Generation:
             lookup_draft = self.lookup.propose(self.ctx, max_len, params, None)
             if constraint is not None:  # what the constraint forbids would be rejected for certain
                 lookup_draft = Draft(lookup_draft.tokens[: constraint.valid_prefix(lookup_draft.tokens)], None)
-        agreement = self.lookup.last_agreement if lookup_draft.tokens and self.lookup is not None else 0
-        plan = self.controller.plan(lookup_draft.tokens, load, remaining=room, agreement=agreement)
+        proposer = self.lookup if lookup_draft.tokens else None  # what it knows of where its proposal came from
+        plan = self.controller.plan(
+            lookup_draft.tokens,
+            load,
+            remaining=room,
+            agreement=proposer.last_agreement if proposer is not None else 0,
+            from_prompt=proposer is not None and proposer.last_from_prompt,
+        )
         every_forced = constraint.forced(max_len) if constraint is not None and max_len > 0 else []
         # Sure to be accepted, but each is a row of the decode: as many as pay in this batch.
         forced = every_forced[: self.controller.certain_len(len(every_forced), load)] if every_forced else []

@@ -142,7 +142,12 @@ class RoundController(Protocol):
     max_gamma: int
 
     def plan(
-        self, lookup: Sequence[int] = (), load: Load = NO_LOAD, remaining: int | None = None, agreement: int = 0
+        self,
+        lookup: Sequence[int] = (),
+        load: Load = NO_LOAD,
+        remaining: int | None = None,
+        agreement: int = 0,
+        from_prompt: bool = False,
     ) -> Plan: ...
 
     def observe(
@@ -508,10 +513,17 @@ class Controller:
         return self._verify
 
     def plan(
-        self, lookup: Sequence[int] = (), load: Load = NO_LOAD, remaining: int | None = None, agreement: int = 0
+        self,
+        lookup: Sequence[int] = (),
+        load: Load = NO_LOAD,
+        remaining: int | None = None,
+        agreement: int = 0,
+        from_prompt: bool = False,
     ) -> Plan:
         """``lookup``: what the lookup drafter proposes at this position (it is checked whatever the plan);
-        ``agreement``: how firmly it is anchored (:attr:`~edgespec.drafters.lookup.LookupDrafter.last_agreement`).
+        ``agreement``: how firmly it is anchored (:attr:`~edgespec.drafters.lookup.LookupDrafter.last_agreement`);
+        ``from_prompt``: its n-gram occurred once before, in the prompt
+        (:attr:`~edgespec.drafters.lookup.LookupDrafter.last_from_prompt`).
         ``load``: what the other sequences put into the same decode. ``remaining``: the most tokens the request
         may still generate (its max_tokens left), which a draft model's catch-up has to be won back within.
         The choice then maximises the whole batch's expected tokens per second (counted per sequence when the
@@ -524,7 +536,7 @@ class Controller:
         GPU, whose decode of a few rows takes ~2-4 ms, working it out anew every round for 4 sequences cost auto a
         fifth of plain decoding's speed (measured on an H200, where auto drafted nothing and still ran at 0.79x)."""
         if self._lookup is not None:
-            self._lookup.offer(lookup, agreement)
+            self._lookup.offer(lookup, agreement, from_prompt)
         settled = self._settled
         if settled is not None:
             if (
@@ -861,7 +873,12 @@ class FixedController:
             self._plain.add(verify[1])
 
     def plan(
-        self, lookup: Sequence[int] = (), load: Load = NO_LOAD, remaining: int | None = None, agreement: int = 0
+        self,
+        lookup: Sequence[int] = (),
+        load: Load = NO_LOAD,
+        remaining: int | None = None,
+        agreement: int = 0,
+        from_prompt: bool = False,
     ) -> Plan:
         """The fixed plan, whatever the load and the tokens left; only the decode's row budget (``load.room``) can
         shorten it."""

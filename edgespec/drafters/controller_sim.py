@@ -217,7 +217,7 @@ def replay(
         at = result.tokens
         room = n - at
         proposal = lookup.propose(context, min(controller.max_gamma, room - 1)).tokens
-        plan = controller.plan(proposal, agreement=lookup.last_agreement)
+        plan = controller.plan(proposal, agreement=lookup.last_agreement, from_prompt=lookup.last_from_prompt)
         if plan.drafter not in (None, LOOKUP):
             raise ValueError(f"replay has no {plan.drafter!r} drafter")
         gamma = min(plan.gamma, len(proposal))

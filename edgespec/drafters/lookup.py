@@ -72,10 +72,15 @@ class LookupDrafter:
         # How many tokens before that n-gram also agree with the text before its earlier occurrence (at most
         # AGREEMENT_CAP): 0 where the match may be a coincidence, many where the output is copying that place.
         self.last_agreement = 0
+        # Whether that n-gram occurred once before, in the text given at the last reset (the prompt): then the
+        # proposal can only be a copy of that place, and in a reply that is copying its prompt (a code edit) such a
+        # proposal is as a rule right for long even before any agreement shows (see LookupForecast).
+        self.last_from_prompt = False
         self.substitutions: dict[int, int] = {}  # source token -> the token this output writes for it
         self._repeated: set[int] = set()  # the substitutions' source tokens the output has substituted again since
         self._copy: _Copy | None = None
         self._tokens: list[int] = []  # what the index covers
+        self._given = 0  # how many of them the last reset was given (the prompt); the rest were committed since
         # _index[n - min_n][ngram] = ascending ends e with tokens[e-n:e] == ngram and e < len(tokens)
         self._index: list[dict[NGram, list[int]]] = [{} for _ in range(min_n, max_n + 1)]
 
@@ -90,6 +95,7 @@ class LookupDrafter:
         keep = _common_prefix_len(self._tokens, tokens)
         self._truncate(keep)
         self._extend(tokens[keep:])
+        self._given = len(tokens)
 
     def propose(
         self,
@@ -104,6 +110,7 @@ class LookupDrafter:
         ``params`` and ``rng`` are unused: the proposal is deterministic; the verifier treats it as one-hot.
         """
         self.last_ngram = self.last_agreement = 0
+        self.last_from_prompt = False
         if max_len <= 0:
             return Draft.empty()
         self._sync(context)
@@ -115,6 +122,7 @@ class LookupDrafter:
                 self.last_ngram = n
                 subs = self.substitutions
                 e, self.last_agreement = self._source(hits, n, end)  # e < end: at least one token follows
+                self.last_from_prompt = len(hits) == 1 and e < self._given
                 # Where the copy reaches the end of the text, the text is repeating with period end - e: go on
                 # around the loop (a model stuck in a loop, a table's rows) instead of stopping there.
                 period = end - e
