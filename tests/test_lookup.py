@@ -107,7 +107,6 @@ def test_agreement_counts_the_tokens_before_the_match_that_also_agree():
     assert propose(drafter, [1, 2, 3]) == [] and drafter.last_agreement == 0
 
 
-
 def test_a_match_from_the_prompt_is_told_from_one_in_the_reply_or_a_repeated_one():
     prompt = [9, 1, 2, 3, 4, 5, 6, 7]
     drafter = fresh(prompt)
@@ -122,6 +121,7 @@ def test_a_match_from_the_prompt_is_told_from_one_in_the_reply_or_a_repeated_one
     assert propose(drafter, [*prompt, *reply, 11, 12]) == [] and not drafter.last_from_prompt
     drafter.reset([*prompt, *reply, 0, 3, 5])  # a next turn: the last reply is part of its prompt
     assert propose(drafter, [*prompt, *reply, 0, 3, 5, 8, 2, 3, 4, 0]) and drafter.last_from_prompt
+
 
 def test_min_n_one_matches_single_tokens():
     assert propose(fresh([1, 2, 1, 3], min_n=1), [1, 2, 1, 3]) == []

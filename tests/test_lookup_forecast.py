@@ -120,7 +120,6 @@ def test_reset_drops_pending_proposals_but_keeps_evidence():
     assert f.hazard(0) == pytest.approx(before)
 
 
-
 def _copying(f: LookupForecast, n: int, predicted: bool) -> None:
     """``n`` rounds of one committed token each, which the offered proposal predicted or not."""
     for i in range(n):
@@ -332,7 +331,6 @@ def test_replay_on_the_recorded_corpus_and_what_lifting_firmer_anchors_adds(monk
     assert lifted["no-copy"][0] >= 0.99, lifted
 
 
-
 def test_replay_of_code_edits_gains_where_the_reply_copies_its_prompt(monkeypatch):
     # The recorded corpus (16 code edits, 10 summaries, 10 answers that copy little), and eight code edits written
     # after the coverage was designed, to check it (tests/data/validation-code-edits.toml; recorded with this
@@ -352,6 +350,7 @@ def test_replay_of_code_edits_gains_where_the_reply_copies_its_prompt(monkeypatc
     new, new_before = with_coverage["qwen_validation_traces.json"], without["qwen_validation_traces.json"]
     assert new["code-edit"][1] >= new_before["code-edit"][1] + 0.03, (new, new_before)
     assert new["no-copy"][0] == pytest.approx(new_before["no-copy"][0], abs=0.002)
+
 
 def test_faded_counts_stay_finite_over_a_long_session():
     # The counts are stored unfaded and divided by the fade so far; past 1e-100 the fade is folded back in, so
