@@ -422,13 +422,38 @@ def test_a_plain_plan_stands_for_some_rounds_where_planning_is_dear_beside_the_d
     # What the plan was made from moves: a lookup proposal, another load, a probe come due. Each is planned.
     round_(lookup=[5, 6, 7])
     assert ctl.plans_reused == 6
-    round_()  # a fresh plain plan (nothing proposed)
+    round_()  # nothing proposed: the plan that turned the proposal down stands
+    assert ctl.plans_reused == 7
     round_(load=replace(load, rows=4, tokens=4.0, sequences=4))
-    assert ctl.plans_reused == 6
+    assert ctl.plans_reused == 7
     round_()
     ctl._state["model"].credit = 1.0  # enough for any probe
     probe = ctl.plan((), load)
     assert probe.drafter == "model" and probe.reason.startswith("probe")
+
+
+def test_a_plain_plan_made_for_a_proposal_stands_for_proposals_no_firmer_and_no_longer(monkeypatch):
+    """Where planning is dear (a GPU), lookup finds some match in most rounds of any text, mostly a guess that plain
+    decoding beats. A plain plan made for a proposal in agreement bucket b of length n stands for later proposals of
+    bucket <= b and length <= n; a longer proposal, or a firmer one (a copy getting under way), is planned anew."""
+    ctl = _settling(monkeypatch, 0.0018)
+    ctl._state["model"].credit = 0.0
+    load = Load(rows=3, tokens=3.0, seconds=0.0, room=60, sequences=3)
+
+    def round_(lookup, agreement=0):
+        plan = ctl.plan(lookup, load, agreement=agreement)
+        ctl.observe(plan, n_drafted=0, n_accepted=0, t_draft=0.0, t_verify=0.0018, committed=[1], record_verify=False)
+        return plan
+
+    first = round_([5, 6, 7])  # planned: a guess at its prior odds, turned down
+    assert first.drafter is None and ctl.plans_reused == 0
+    assert round_([8, 9]) is first and round_([2, 3, 4]) is first  # as weak, no longer
+    assert ctl.plans_reused == 2
+    longer = round_([5, 6, 7, 8])  # longer than the one turned down: planned anew
+    assert ctl.plans_reused == 2 and longer is not first
+    firmer = round_([5, 6, 7], agreement=2)  # better anchored: planned anew
+    assert ctl.plans_reused == 2 and firmer is not longer
+    assert round_([]) is firmer and ctl.plans_reused == 3  # nothing proposed: stands
 
 
 def test_where_planning_is_cheap_beside_the_decode_every_round_is_planned(monkeypatch):

@@ -356,8 +356,9 @@ class _DrafterState:
 @dataclass
 class _Settled:
     """A plain plan that stands for the next ``rounds`` rounds while what it was made from holds: the load (as
-    :func:`_load_key`, and the others' drafting seconds within ``slack`` of ``seconds``), nothing proposed by lookup,
-    and each idle drafter's credit short of its probe's price."""
+    :func:`_load_key`, and the others' drafting seconds within ``slack`` of ``seconds``), lookup's proposal no firmer
+    than the one it turned down (``offered``: its agreement bucket and length, (-1, 0) for none), and each idle
+    drafter's credit short of its probe's price."""
 
     plan: Plan
     load: tuple[float, ...]
@@ -365,6 +366,12 @@ class _Settled:
     slack: float
     rounds: int
     probe_price: dict[str, float]
+    offered: tuple[int, int] = (-1, 0)
+
+    def turned_down(self, offered: tuple[int, int]) -> bool:
+        """Whether a proposal in this (bucket, length) is one the plan already turned down: no better anchored and no
+        longer. (A copy getting under way raises its agreement every round, and is planned for anew.)"""
+        return offered == (-1, 0) or (offered[0] <= self.offered[0] and offered[1] <= self.offered[1])
 
     def holds(self, load: Load) -> bool:
         # The others' seconds include the time their plans took, which is never the same twice: within a tenth of
@@ -384,6 +391,7 @@ class _Option:
     tokens: float  # expected tokens per round (likewise)
     seconds: float  # expected seconds per round
     own: float  # the tokens this sequence is expected to commit
+    p_all: float | None = None  # lookup: the chance that all γ drafted tokens are accepted (for the plan's reason)
 
 
 class Controller:
@@ -535,13 +543,15 @@ class Controller:
         as its cost asks (see :meth:`_reuse`): a plan weighs every drafter and γ, ~30-200 µs of Python, and on a
         GPU, whose decode of a few rows takes ~2-4 ms, working it out anew every round for 4 sequences cost auto a
         fifth of plain decoding's speed (measured on an H200, where auto drafted nothing and still ran at 0.79x)."""
+        offered = (-1, 0)
         if self._lookup is not None:
             self._lookup.offer(lookup, agreement, from_prompt)
+            offered = self._lookup.offered
         settled = self._settled
         if settled is not None:
             if (
                 settled.rounds > 0
-                and not lookup
+                and settled.turned_down(offered)
                 and self._probing is None
                 and settled.holds(load)
                 and all(self._state[d].credit < price for d, price in settled.probe_price.items())
@@ -556,9 +566,11 @@ class Controller:
         plan = self._plan(lookup, load, remaining)
         self._plan_seconds.add(time.perf_counter() - t0)
         rounds = self._reuse()
-        if plan.drafter is None and not lookup and self._probing is None and rounds > 0:
+        if plan.drafter is None and self._probing is None and rounds > 0:
             slack = SETTLED_SLACK * (self._verify.measured(1) or 0.0)
-            self._settled = _Settled(plan, _load_key(load), load.seconds, slack, rounds, dict(self._probe_price))
+            self._settled = _Settled(
+                plan, _load_key(load), load.seconds, slack, rounds, dict(self._probe_price), offered
+            )
         return plan
 
     def _reuse(self) -> int:
@@ -710,12 +722,12 @@ class Controller:
         decode = _DecodeSeconds(load, curve) if decode is None else decode
         switch = 0.0
         allowed = 0.0  # the part of the catch-up the allowance covers, spread over the tokens left
+        survival: list[float] | None = None
         if drafter == LOOKUP:  # checked every round, so it never sits out and has nothing to catch up
             assert self._lookup is not None
+            survival = self._lookup.survival(gammas[-1])
             # E[tokens] = the target's own token + each drafted token's chance to be reached and accepted.
-            expected: Callable[[int], float] = [
-                1.0, *(1.0 + s for s in accumulate(self._lookup.survival(gammas[-1])))
-            ].__getitem__
+            expected: Callable[[int], float] = [1.0, *(1.0 + s for s in accumulate(survival))].__getitem__
         else:
             st = self._state[drafter]
             a = st.acceptance.alpha if alpha is None else alpha
@@ -752,7 +764,7 @@ class Controller:
                 best = (tokens / seconds, gamma, tokens, seconds, own)
         assert best is not None
         rate, gamma, tokens, seconds, own = best
-        return _Option(drafter, gamma, rate, tokens, seconds, own)
+        return _Option(drafter, gamma, rate, tokens, seconds, own, survival[gamma - 1] if survival else None)
 
     def _width_change(self, rows: int) -> float:
         """The graph changes a round of ``rows`` rows is charged, after a round of ``self._last_rows``. Leaving plain
@@ -825,7 +837,8 @@ class Controller:
             return f"{head}: measuring its cost"
         if option.drafter == LOOKUP:
             assert self._lookup is not None
-            odds = f"P(all)={self._lookup.survival(option.gamma)[-1]:.2f}"
+            p_all = option.p_all if option.p_all is not None else self._lookup.survival(option.gamma)[-1]
+            odds = f"P(all)={p_all:.2f}"
         else:
             odds = f"α={self._state[option.drafter].acceptance.alpha:.2f}"
         text = f"{head} {odds} est {option.rate:.1f} tok/s"

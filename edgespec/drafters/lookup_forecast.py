@@ -150,6 +150,11 @@ class LookupForecast:
         if self._offer:
             self._pending.append(_Pending(self._bucket, self._offer))
 
+    @property
+    def offered(self) -> tuple[int, int]:
+        """The current proposal's (agreement bucket, length): (-1, 0) for none."""
+        return (self._bucket, len(self._offer)) if self._offer else (-1, 0)
+
     def survival(self, length: int) -> list[float]:
         """``S[k-1]``: estimated chance that the current proposal's first k tokens are all accepted, k ≤ length."""
         length = min(length, len(self._offer))
@@ -219,7 +224,18 @@ class LookupForecast:
         own = self._own_hazard(bucket, n)
         if bucket <= LIFT_FROM_BUCKET:
             return own
-        return list(map(max, own, *(self._own_hazard(b, n, tested_only=True) for b in range(LIFT_FROM_BUCKET, bucket))))
+        # The lower buckets' estimates, only where they saw position k tested (one pass over their counts: this
+        # runs every plan, where building a list per bucket cost as much as the rest of the plan).
+        w, scale = self.prior_weight, self._scale
+        for b in range(LIFT_FROM_BUCKET, bucket):
+            hits_b, trials_b, prior_b = self._hits[b], self._trials[b], self._prior[b]
+            for k in range(n):
+                trials = trials_b[k] * scale
+                if trials >= 1.0:
+                    h = (hits_b[k] * scale + w * prior_b[k]) / (trials + w)
+                    if h > own[k]:
+                        own[k] = h
+        return own
 
     def _own_hazard(self, bucket: int, n: int, *, tested_only: bool = False) -> list[float]:
         """The bucket's hazards from its own evidence and prior, k = 1..n; with ``tested_only``, 0 where fewer than
