@@ -500,3 +500,21 @@ def test_a_draft_between_plain_rounds_pays_for_leaving_and_coming_back():
     assert ctl._width_change(3) == pytest.approx(0.0018)  # one draft width to another: one change
     ctl.start_request()  # a new request starts from its prompt's decode: leaving plain is charged again
     assert ctl._width_change(5) == pytest.approx(2 * 0.0018)
+
+
+def test_the_cached_curve_of_decode_costs_is_what_working_it_out_again_gives():
+    """Rounds refine one width at a time: a curve of measured widths is updated in place, one with widths read off
+    the fit is worked out again. Either way the plan reads what a fresh computation would give."""
+    from edgespec.drafters.controller import VerifyCost
+
+    rng = np.random.default_rng(3)
+    cost = VerifyCost(0.9, 0.5, 0.1)
+    for b in range(1, 18):
+        cost.add(b, 0.002 * (1 + 0.2 * b), calibrated=True)
+    for _ in range(400):
+        b = int(rng.integers(1, 24))  # now and then a width never measured: the fit moves
+        cost.add(b, 0.002 * (1 + 0.2 * b) * float(rng.uniform(0.8, 1.3)))
+        max_b = int(rng.integers(4, 30))
+        cached = list(cost.curve(max_b))
+        cost._curve = None
+        assert cached[: max_b + 1] == cost.curve(max_b)[: max_b + 1]

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import math
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -254,7 +255,10 @@ class VerifyCost:
         self.slope_prior = slope_prior
         self.optimism = optimism
         self._by_b: dict[int, DecayedRatio] = {}
-        self._curve: list[float] | None = None  # cached; dropped on every add
+        # Cached. A round's add changes one measured width: where every width of the cached curve is measured, that
+        # entry is updated in place; otherwise (widths read off the fit) the curve is worked out again.
+        self._curve: list[float] | None = None
+        self._curve_all_measured = False
         self.switch = 0.0  # extra seconds of a decode whose width differs from the previous one's (a new graph)
         self._last_b: int | None = None  # the width of the last decode added
 
@@ -274,7 +278,13 @@ class VerifyCost:
             # clipped, it moves the estimate a little; a real change (a longer context) still gets through.
             seconds = min(seconds, HICCUP_CLIP * known)
         est.add(seconds)
-        self._curve = None
+        curve = self._curve
+        if curve is not None and self._curve_all_measured and b < len(curve):
+            # What working it out again would give (a new list: a plan may still hold the last one).
+            self._curve = curve = curve.copy()
+            curve[b] = est.value
+        else:
+            self._curve = None
 
     def add_decode(self, passes: Sequence[int], seconds: float) -> None:
         """A decode that llama.cpp ran as these forward passes (their widths) took ``seconds``: a sample of its
@@ -308,7 +318,8 @@ class VerifyCost:
         if not known:
             return None
         curve = [0.0]
-        if all(b in known for b in range(1, max_b + 1)):  # calibrated: every width measured (each round lands here)
+        self._curve_all_measured = all(b in known for b in range(1, max_b + 1))
+        if self._curve_all_measured:  # calibrated: every width measured (each round lands here)
             curve.extend(known[b] for b in range(1, max_b + 1))
         else:
             seen = sorted(known.items())
@@ -330,8 +341,10 @@ class VerifyCost:
 
     @staticmethod
     def _fill(b: int, seen: list[tuple[int, float]], slope: float) -> float:
-        lo = max((p for p in seen if p[0] < b), default=None)
-        hi = min((p for p in seen if p[0] > b), default=None)
+        # ``seen`` is sorted by width and lacks b: its neighbours sit on either side of b's place in it.
+        i = bisect_left(seen, (b,))
+        lo = seen[i - 1] if i > 0 else None
+        hi = seen[i] if i < len(seen) else None
         if lo is not None and hi is not None:
             return lo[1] + (hi[1] - lo[1]) * (b - lo[0]) / (hi[0] - lo[0])
         if lo is not None:

@@ -209,9 +209,13 @@ class LookupForecast:
         while predicted < min(len(offer), n) and offer[predicted] == committed[predicted]:
             predicted += 1
         fade = COVERAGE_FADE
-        # Oldest first: the i-th of the n committed tokens has faded n - 1 - i times by the end of the round.
-        self._predicted = self._predicted * fade**n + sum(fade ** (n - 1 - i) for i in range(predicted))
-        self._committed = self._committed * fade**n + sum(fade**i for i in range(n))
+        if n == 1:  # most rounds (every plain one): the sums below, in one step
+            self._predicted = self._predicted * fade + predicted
+            self._committed = self._committed * fade + 1.0
+        else:
+            # Oldest first: the i-th of the n committed tokens has faded n - 1 - i times by the end of the round.
+            self._predicted = self._predicted * fade**n + sum(fade ** (n - 1 - i) for i in range(predicted))
+            self._committed = self._committed * fade**n + sum(fade**i for i in range(n))
         missed = predicted < min(len(offer), n)
         self._since_miss = n - predicted - 1 if missed else self._since_miss + n
 
