@@ -455,6 +455,14 @@ def test_a_plain_plan_made_for_a_proposal_stands_for_proposals_no_firmer_and_no_
     assert ctl.plans_reused == 2 and firmer is not longer
     assert round_([]) is firmer and ctl.plans_reused == 3  # nothing proposed: stands
 
+    # Alone, where a short draft of a weak proposal is a close call, only a plan made with nothing proposed stands.
+    alone = Controller(["lookup"], max_gamma=16, plan_budget=0.01)  # (planning still takes 100 µs a plan)
+    alone.record_costs({b: 0.0018 * (1 + 0.5 * (b - 1)) for b in range(1, 40)}, {})  # a guess loses alone too
+    first = alone.plan([5, 6, 7])
+    assert first.drafter is None and alone.plan([8, 9]) is not first and alone.plans_reused == 0
+    empty = alone.plan([])  # nothing proposed: stands alone too
+    assert empty.drafter is None and alone.plan([]) is empty and alone.plans_reused == 1
+
 
 def test_where_planning_is_cheap_beside_the_decode_every_round_is_planned(monkeypatch):
     """On a CPU (a 40 ms step) a 100 µs plan is 0.25 % of it: the plan budget changes nothing."""

@@ -579,7 +579,12 @@ class Controller:
         plan = self._plan(lookup, load, remaining)
         self._plan_seconds.add(time.perf_counter() - t0)
         rounds = self._reuse()
-        if plan.drafter is None and self._probing is None and rounds > 0:
+        # A plan that turned a proposal down stands only in a shared decode (see _Settled): there every lane plans
+        # every step, and its proposals lose to the batch by a wide margin; alone a short draft of a weak proposal
+        # is a close call that the next one may win (on a scripted target at the H200's costs, alone, translations
+        # lost 6 % where such plans stood as well).
+        shared = bool(load.sequences)
+        if plan.drafter is None and self._probing is None and rounds > 0 and (shared or offered == (-1, 0)):
             slack = SETTLED_SLACK * (self._verify.measured(1) or 0.0)
             self._settled = _Settled(
                 plan, _load_key(load), load.seconds, slack, rounds, dict(self._probe_price), offered
