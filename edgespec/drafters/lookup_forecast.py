@@ -228,8 +228,9 @@ class LookupForecast:
         own = self._own_hazard(bucket, n)
         if bucket <= LIFT_FROM_BUCKET:
             return own
-        # The lower buckets' estimates, only where they saw position k tested (one pass over their counts: this
-        # runs every plan, where building a list per bucket cost as much as the rest of the plan).
+        # The lower buckets' estimates, only where they saw position k tested (at least one faded proposal: a lower
+        # bucket's prior alone says nothing about a higher one). One pass over their counts: this runs every plan,
+        # where building a list per bucket cost as much as the rest of the plan.
         w, scale = self.prior_weight, self._scale
         for b in range(LIFT_FROM_BUCKET, bucket):
             hits_b, trials_b, prior_b = self._hits[b], self._trials[b], self._prior[b]
@@ -241,13 +242,11 @@ class LookupForecast:
                         own[k] = h
         return own
 
-    def _own_hazard(self, bucket: int, n: int, *, tested_only: bool = False) -> list[float]:
-        """The bucket's hazards from its own evidence and prior, k = 1..n; with ``tested_only``, 0 where fewer than
-        one (faded) proposal was tested at k: a lower bucket's prior alone says nothing about a higher one."""
+    def _own_hazard(self, bucket: int, n: int) -> list[float]:
+        """The bucket's hazards from its own evidence and prior, k = 1..n."""
         w, scale = self.prior_weight, self._scale
-        least = 1.0 if tested_only else 0.0
         return [
-            (hits * scale + w * prior) / (trials * scale + w) if trials * scale >= least else 0.0
+            (hits * scale + w * prior) / (trials * scale + w)
             for hits, trials, prior in zip(
                 self._hits[bucket][:n], self._trials[bucket][:n], self._prior[bucket][:n], strict=True
             )
