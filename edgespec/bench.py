@@ -16,6 +16,13 @@ timed: the prompt's prefill (cached across strategies for the engine, not for pe
 gets one fresh engine per task class, run over all of that class's prompts: its estimates carry over between
 prompts of one kind of text, as they would in a session, but no class benefits from what another taught it.
 
+One pass over a class is a few seconds of decoding per strategy, and on a shared 2-core VM the machine's speed moves
+by a few per cent between two runs seconds apart: a class's ratio to plain moves with it, and a share of the lookup
+ceiling's gain (below) several times as much (at a ceiling of 1.4x, 3 % of speed is 9 points of share; six runs
+of the code edits ranged over 42-52 %). ``repeats`` runs each class that many times over, each repeat a replicate
+of the whole class (``auto`` on a fresh engine calibrated anew, the ceiling priced around it); the report pools
+the repeats and gives the range of their own ratios and shares beside the pooled ones.
+
 Greedy runs also report each class's *lookup ceiling*: the speedup that the best possible lookup schedule would
 reach on plain's output (drafting exactly as far as each proposal turns out right), priced with the mean of the
 decode costs measured right before and right after that class (the curve drifts within minutes on a shared VM). No
@@ -197,6 +204,7 @@ class RunRecord:
     sampling_path: str | None = None  # where the target's rows were sampled (engine runs)
     forced: int = 0  # committed tokens a constraint forced (free drafts)
     t_constraint: float = 0.0  # seconds in the constraint engine (masks, its state): part of t_outside
+    repeat: int = 0  # which of the class's repeats (see run_bench's ``repeats``)
 
 
 def _spread(times: list[float], dt: float, n: int) -> None:
@@ -408,21 +416,26 @@ def run_bench(
     warmup: bool = True,
     ceiling: bool = True,
     on_run: OnRun | None = None,
+    repeats: int = 1,
 ) -> BenchResult:
     """Run every prompt of ``tasks`` under every strategy (see the module docstring); collect the records.
 
     ``ceiling`` (greedy only): also compute, on each output, the speedup of the best possible lookup schedule
-    under this machine's decode costs (measured once here): what no lookup controller can beat."""
+    under this machine's decode costs (measured once here): what no lookup controller can beat. ``repeats``: run
+    each class that many times over, each a replicate of the whole class (``auto`` on a fresh engine that calibrates
+    anew, the strategies' order rotating on, the ceiling priced around that repeat); the report pools them."""
     from edgespec.drafters.controller_sim import lookup_ceiling
     from edgespec.engine import DEFAULT_MAX_GAMMA
 
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     strategies = parse_strategies(strategies, has_draft=draft is not None)
     jobs = {(t.name, p.id): prompt_job(target, p) for t in tasks for p in t.prompts}
     prompts = {key: tokens for key, (tokens, _) in jobs.items()}
     longest = max((len(p) for p in prompts.values()), default=0)
     engines = {s: _engine_for(s, target, draft, lookup_len, p_min) for s in strategies if s not in PEER_STRATEGIES}
     peers: dict[str, Peer] = {}
-    total, done = len(prompts) * len(strategies), 0
+    total, done = len(prompts) * len(strategies) * repeats, 0
     records: list[RunRecord] = []
     try:
         # The peers keep an n_ctx × n_vocab logits buffer when drafting: size their context to the need.
@@ -464,38 +477,41 @@ def run_bench(
         curves = [price()] if priced else []  # before the first class, then after each
         i = 0
         for task in tasks:
-            if "auto" in engines:  # fresh per task class: see the module docstring
-                engines["auto"] = _engine_for("auto", target, draft, lookup_len, p_min)
-            outputs: list[tuple[int, list[int], list[int]]] = []  # (record index, prompt, output) to price
-            for prompt in task.prompts:
-                order = strategies[i % len(strategies) :] + strategies[: i % len(strategies)]
-                i += 1
-                for name in order:
-                    runner = engines[name] if name in engines else peers[name]
-                    tokens, grammar = jobs[(task.name, prompt.id)]
-                    if grammar is not None and name in peers:  # llama-cpp-python's loop takes no llguidance grammar
-                        total -= 1
-                        continue
-                    result = _measure(runner, tokens, replace(params, constraint=grammar))
-                    output = result.pop("tokens", None)
-                    if priced and output:
-                        outputs.append((len(records), tokens, output))
-                    records.append(RunRecord(task.name, prompt.id, name, **result))
-                    done += 1
-                    if on_run is not None:
-                        on_run(records[-1], done, total)
-            if outputs:
-                curves.append(price())
-                cost = {b: (curves[-2][b] + curves[-1][b]) / 2 for b in widths}
-                for at, tokens, output in outputs:
-                    seconds = lookup_ceiling(tokens, output, cost.__getitem__, DEFAULT_MAX_GAMMA)
-                    records[at] = replace(records[at], ceiling=len(output) * cost[1] / seconds)
+            for repeat in range(repeats):
+                if "auto" in engines:  # fresh per task class and repeat: see the module docstring
+                    engines["auto"] = _engine_for("auto", target, draft, lookup_len, p_min)
+                outputs: list[tuple[int, list[int], list[int]]] = []  # (record index, prompt, output) to price
+                for prompt in task.prompts:
+                    order = strategies[i % len(strategies) :] + strategies[: i % len(strategies)]
+                    i += 1
+                    for name in order:
+                        runner = engines[name] if name in engines else peers[name]
+                        tokens, grammar = jobs[(task.name, prompt.id)]
+                        if grammar is not None and name in peers:  # llama-cpp-python's loop takes no llguidance grammar
+                            total -= 1
+                            continue
+                        result = _measure(runner, tokens, replace(params, constraint=grammar))
+                        output = result.pop("tokens", None)
+                        if priced and output:
+                            outputs.append((len(records), tokens, output))
+                        records.append(RunRecord(task.name, prompt.id, name, **result, repeat=repeat))
+                        done += 1
+                        if on_run is not None:
+                            on_run(records[-1], done, total)
+                if outputs:
+                    curves.append(price())
+                    cost = {b: (curves[-2][b] + curves[-1][b]) / 2 for b in widths}
+                    for at, tokens, output in outputs:
+                        seconds = lookup_ceiling(tokens, output, cost.__getitem__, DEFAULT_MAX_GAMMA)
+                        records[at] = replace(records[at], ceiling=len(output) * cost[1] / seconds)
     finally:
         for peer in peers.values():
             peer.close()
     config = _config(target, draft, tasks, strategies, params, lookup_len, DEFAULT_MAX_GAMMA)
+    config["repeats"] = repeats
     if curves:
-        # Seconds per decode by width, as measured before the first class and after each: how the machine drifted.
+        # Seconds per decode by width, as measured before the first class and after each (each of its repeats): how
+        # the machine drifted.
         config["ceiling_costs"] = [{str(b): c[b] for b in widths} for c in curves]
         config["ceiling_context"] = context
     return BenchResult(config, records)
@@ -557,7 +573,7 @@ class Summary:
     p50_ms: float | None  # per-token time percentiles over every decode token of every prompt
     p95_ms: float | None
     outside_ms: float | None  # Σ t_outside / Σ generated: the loop's own (Python) ms per token; None for peers
-    same_as_plain: int | None  # greedy only: prompts whose output text equals plain's
+    same_as_plain: int | None  # greedy only: runs whose output text equals plain's (of the same prompt and repeat)
     ceiling: float | None = None  # pooled speedup of the best possible lookup schedule on these outputs (greedy)
     forced_share: float = 0.0  # of the committed tokens, those a constraint forced (proposed without a drafter)
     constraint_ms: float = 0.0  # the constraint engine's ms per committed token (part of outside_ms)
@@ -582,7 +598,7 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def _summary(runs: list[RunRecord], plain_rate: float | None, plain_text: dict[str, str] | None) -> Summary:
+def _summary(runs: list[RunRecord], plain_rate: float | None, plain_text: dict[tuple[str, int], str] | None) -> Summary:
     drafted = sum(r.drafted for r in runs)
     rounds = sum(r.rounds for r in runs)
     t_decode = sum(r.t_decode for r in runs)
@@ -605,7 +621,9 @@ def _summary(runs: list[RunRecord], plain_rate: float | None, plain_text: dict[s
             if runs and None not in outside and any(r.generated for r in runs)
             else None
         ),
-        same_as_plain=sum(plain_text.get(r.prompt) == r.text for r in runs) if plain_text is not None else None,
+        same_as_plain=(
+            sum(plain_text.get((r.prompt, r.repeat)) == r.text for r in runs) if plain_text is not None else None
+        ),
         ceiling=(
             sum(r.generated for r in runs) / sum(r.generated / r.ceiling for r in runs)
             if runs and all(r.ceiling for r in runs)
@@ -629,7 +647,7 @@ def summarize(
     for task, by_strategy in by_task.items():
         plain_runs = by_strategy.get(PLAIN)
         plain_rate = _summary(plain_runs, None, None).tokens_per_second if plain_runs else None
-        plain_text = {r.prompt: r.text for r in plain_runs} if plain_runs and greedy else None
+        plain_text = {(r.prompt, r.repeat): r.text for r in plain_runs} if plain_runs and greedy else None
         ordered = sorted(by_strategy, key=lambda s: (s != PLAIN, rank.get(s, len(rank))))
         out[task] = {s: _summary(by_strategy[s], plain_rate, plain_text) for s in ordered}
     return out
@@ -674,10 +692,16 @@ def render_report(result: BenchResult) -> str:
     headers = ["strategy", "accept", "tok/verify", "tok/s", "speedup", "p50 ms/tok", "p95 ms/tok", "outside ms/tok"]
     greedy = cfg.get("temperature", 0) == 0
     shares = greedy and any(v.ceiling for row in summaries.values() for v in row.values())
+    repeats = sorted({r.repeat for r in result.records})
+    by_repeat = [
+        summarize([r for r in result.records if r.repeat == k], greedy=greedy) for k in repeats
+    ] if len(repeats) > 1 else []  # fmt: skip
     if greedy:
         headers.append("=plain")
     if shares:
         headers.append("of ceiling")
+    if by_repeat:
+        headers += ["speedup by repeat", *(["share by repeat"] if shares else [])]
     for task, row in summaries.items():
         forced = any(v.forced_share or v.constraint_ms for v in row.values())
         lines = []
@@ -696,12 +720,20 @@ def render_report(result: BenchResult) -> str:
                 cells.append(f"{v.same_as_plain}/{v.runs}")
             if shares:  # the ceiling prices lookup alone, not the tokens a constraint forces
                 cells.append("-" if s == PLAIN or v.forced_share else _fmt(v.ceiling_share, ".0%"))
+            if by_repeat:
+                mine = [rep[task][s] for rep in by_repeat if task in rep and s in rep[task]]
+                cells.append("-" if s == PLAIN else _range([v.speedup for v in mine], ".2f", "x"))
+                if shares:
+                    no_share = s == PLAIN or v.forced_share
+                    cells.append("-" if no_share else _range([v.ceiling_share for v in mine], ".0%"))
             if forced:
                 cells += [_fmt(v.forced_share, ".0%"), _fmt(v.constraint_ms, ".3f")]
             lines.append(cells)
         ceiling = row[PLAIN].ceiling if PLAIN in row else None
+        n_prompts = len({r.prompt for r in result.records if r.task == task})
+        times = f" x {len(repeats)} repeats" if by_repeat else ""
         parts.append(
-            f"{task}: {row[next(iter(row))].runs} prompt(s), up to {cfg['max_tokens']} tokens\n"
+            f"{task}: {n_prompts} prompt(s){times}, up to {cfg['max_tokens']} tokens\n"
             + format_table([*headers, "forced", "mask ms/tok"] if forced else headers, lines)
             + (f"\nlookup ceiling {ceiling:.2f}x" if ceiling else "")
         )
@@ -740,20 +772,33 @@ def render_report(result: BenchResult) -> str:
         )
     if greedy:
         notes.append(
-            "=plain: prompts whose output equals plain decoding's (greedy; a near-tie can flip under a batched verify)"
+            "=plain: runs whose output equals plain decoding's (greedy; a near-tie can flip under a batched verify)"
         )
         if any(ceilings):
             notes.append(
                 "lookup ceiling: the speedup of the best possible lookup schedule on plain's output (drafting exactly "
                 f"as far as each proposal agrees, γ ≤ {cfg.get('ceiling_max_gamma')}) at the decode costs measured "
-                "right before and after its class: no lookup controller can beat it" + _drift(cfg)
+                f"right before and after its class{' (each repeat)' if by_repeat else ''}: no lookup controller can "
+                "beat it" + _drift(cfg)
             )
         if shares:
             notes.append(
                 "of ceiling: the share of the lookup ceiling's gain a strategy's speedup takes, the ceiling computed "
                 "on that strategy's own outputs (plain's where =plain is full)"
             )
+    if by_repeat:
+        notes.append(
+            f"{len(repeats)} repeats of each class, pooled (tokens over seconds); by repeat: the lowest and highest of "
+            "the repeats' own speedups (and shares of the ceiling), each against plain in the same repeat"
+        )
     return "\n\n".join(parts) + "\n\n" + "\n".join(notes)
+
+
+def _range(values: Sequence[float | None], spec: str, suffix: str = "") -> str:
+    """``low-high`` of the values given (None where any is missing)."""
+    if not values or any(v is None for v in values):
+        return "-"
+    return f"{format(min(values), spec)}-{format(max(values), spec)}{suffix}"  # type: ignore[type-var]
 
 
 def _drift(cfg: dict[str, Any]) -> str:

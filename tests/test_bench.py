@@ -192,6 +192,70 @@ def test_run_bench_on_the_tiny_model_with_every_strategy(tiny_model_path: Path) 
 
 
 @pytest.mark.real
+def test_repeats_rerun_each_class_on_a_fresh_auto_engine_priced_apart(tiny_model_path: Path, monkeypatch) -> None:
+    import edgespec.bench as bench
+    from edgespec.models.backend import Model
+
+    made: list[str] = []  # the engines built, by strategy
+    real_engine_for = bench._engine_for
+
+    def counting(name, *args, **kwargs):
+        made.append(name)
+        return real_engine_for(name, *args, **kwargs)
+
+    priced: list[int] = []
+    monkeypatch.setattr(bench, "_engine_for", counting)
+    monkeypatch.setattr(bench, "decode_costs", lambda *a, **k: priced.append(1) or {b: 0.01 * b for b in range(1, 18)})
+    tasks = load_tasks(["code-edit", "summarize"], prompts_per_task=1)
+    params = SamplingParams(temperature=0, max_tokens=6)
+    seen: list[tuple[int, int]] = []
+    with Model(tiny_model_path, n_ctx=1024) as target:
+        result = run_bench(target, None, tasks, ["plain", "auto"], params, warmup=False, repeats=2,
+                           on_run=lambda r, done, total: seen.append((done, total)))
+    records = result.records
+    assert [(r.task, r.repeat, r.strategy) for r in records] == [
+        ("code-edit", 0, "plain"), ("code-edit", 0, "auto"), ("code-edit", 1, "auto"), ("code-edit", 1, "plain"),
+        ("summarize", 0, "plain"), ("summarize", 0, "auto"), ("summarize", 1, "auto"), ("summarize", 1, "plain")]
+    assert seen == [(i, 8) for i in range(1, 9)]
+    # plain's engine once; auto's once at the start and once for every class and repeat.
+    assert made.count("plain") == 1 and made.count("auto") == 1 + 2 * 2
+    # The ceiling priced before the first repeat and after each: 1 + 2 classes x 2 repeats.
+    assert len(priced) == 5 and len(result.config["ceiling_costs"]) == 5 and result.config["repeats"] == 2
+    assert all(r.ceiling is not None for r in records)
+    summary = result.summaries()["code-edit"]
+    assert summary["plain"].runs == 2 and summary["plain"].same_as_plain == 2 and summary["auto"].runs == 2
+    text = bench.render_report(result)
+    assert "code-edit: 1 prompt(s) x 2 repeats" in text and "speedup by repeat" in text
+    with pytest.raises(ValueError, match="repeats"):
+        run_bench(target, None, tasks, ["plain"], params, repeats=0)  # before anything runs
+
+
+def test_the_report_pools_repeats_and_gives_the_range_of_their_speedups_and_shares() -> None:
+    from dataclasses import replace
+
+    from edgespec.bench import BenchResult, render_report
+
+    def run(strategy: str, tokens: int, repeat: int) -> RunRecord:
+        return replace(record("edit", "a", strategy, tokens=tokens, seconds=1.0, rounds=tokens), ceiling=2.0,
+                       repeat=repeat)
+
+    # Repeat 0: auto at 1.5x of plain (half of the ceiling's gain); repeat 1: 1.1x (a tenth); pooled 26/20 = 1.3x.
+    records = [run("plain", 10, 0), run("auto", 15, 0), run("auto", 11, 1), run("plain", 10, 1)]
+    summary = summarize(records)["edit"]
+    assert summary["auto"].speedup == pytest.approx(1.3) and summary["auto"].ceiling_share == pytest.approx(0.3)
+    config = {"target": "/m/t.gguf", "draft": None, "temperature": 0.0, "max_tokens": 10, "n_threads": 2,
+              "lookup_len": 4, "ceiling_max_gamma": 16}
+    text = render_report(BenchResult(config, records))
+    assert "edit: 1 prompt(s) x 2 repeats" in text
+    assert next(line.split() for line in text.splitlines() if line.startswith("auto"))[-4:] == [
+        "2/2", "30%", "1.10-1.50x", "10%-50%"]
+    assert next(line.split() for line in text.splitlines() if line.startswith("plain"))[-4:] == ["2/2", "-", "-", "-"]
+    assert "2 repeats of each class, pooled" in text
+    single = render_report(BenchResult(config, records[:2]))
+    assert "by repeat" not in single and "repeats" not in single
+
+
+@pytest.mark.real
 def test_each_class_ceiling_is_priced_at_the_costs_measured_around_it(tiny_model_path: Path, monkeypatch) -> None:
     import edgespec.bench as bench
     import edgespec.drafters.controller_sim as sim

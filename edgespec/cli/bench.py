@@ -96,9 +96,12 @@ def _split(value: str | None) -> list[str]:
     "--repeats",
     type=click.IntRange(min=1),
     default=None,
-    help="Repetitions for --loop-cost (default 3), and rounds per class and level for --concurrency (default 1; "
-    "the strategies' order rotates each round and the report pools them, with the spread of the rounds' ratios; "
-    "the peers and the one-request-at-a-time references run in the first round only).",
+    help="How many times each class runs (default 1), each time a replicate of the whole class (auto on a fresh, "
+    "newly calibrated engine, the lookup ceiling priced around it); the report pools them and gives the range of "
+    "the repeats' own speedups and shares of the ceiling: a class's speedup moves by a few per cent between two "
+    "runs on a shared machine. With --concurrency: rounds per class and level (default 1; the strategies' order "
+    "rotates each round; the peers and the one-request-at-a-time references run in the first round only). With "
+    "--loop-cost: repetitions (default 3).",
 )
 @click.option(
     "--with-penalties-logprobs",
@@ -189,6 +192,7 @@ def bench(
             if draft is None and any(_DRAFT_N.fullmatch(n) for n in names):
                 click.echo("note: no draft model, so the draft-N strategies are skipped", err=True)
             runs = sum(len(t.prompts) for t in suite) * len(parse_strategies(names, has_draft=draft is not None))
+            runs *= repeats or 1
             with tqdm(total=runs, desc="bench", unit="run", file=sys.stderr, disable=None, leave=False) as bar:
 
                 def on_run(record: RunRecord, done: int, total: int) -> None:
@@ -196,8 +200,9 @@ def bench(
                     bar.update(1)
 
                 result = run_bench(
-                    target, draft, suite, names, params, lookup_len=lookup_len, p_min=opts["p_min"], on_run=on_run
-                )
+                    target, draft, suite, names, params, lookup_len=lookup_len, p_min=opts["p_min"], on_run=on_run,
+                    repeats=repeats or 1,
+                )  # fmt: skip
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=1))
     else:
