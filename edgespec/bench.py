@@ -474,7 +474,7 @@ def run_bench(
         # hour), and a ceiling priced at costs from another part of the run says what was possible then, not while
         # the strategies ran.
         priced = ceiling and params.greedy
-        curves = [price()] if priced else []  # before the first class, then after each
+        curves = [price()] if priced else []  # before the first class, then after each (each of its repeats)
         i = 0
         for task in tasks:
             for repeat in range(repeats):
@@ -722,10 +722,10 @@ def render_report(result: BenchResult) -> str:
                 cells.append("-" if s == PLAIN or v.forced_share else _fmt(v.ceiling_share, ".0%"))
             if by_repeat:
                 mine = [rep[task][s] for rep in by_repeat if task in rep and s in rep[task]]
-                cells.append("-" if s == PLAIN else _range([v.speedup for v in mine], ".2f", "x"))
+                cells.append("-" if s == PLAIN else _range([m.speedup for m in mine], ".2f", "x"))
                 if shares:
                     no_share = s == PLAIN or v.forced_share
-                    cells.append("-" if no_share else _range([v.ceiling_share for v in mine], ".0%"))
+                    cells.append("-" if no_share else _range([m.ceiling_share for m in mine], ".0%"))
             if forced:
                 cells += [_fmt(v.forced_share, ".0%"), _fmt(v.constraint_ms, ".3f")]
             lines.append(cells)
