@@ -136,7 +136,7 @@ class Engine:
         if draft is not None:
             drafters["model"] = ModelDrafter(draft, p_min=p_min)
         if lookup:
-            drafters["lookup"] = LookupDrafter()
+            drafters["lookup"] = LookupDrafter(is_end=self.target.is_eog)
         return Lane(index, target, draft, drafters)
 
     # ----- configuration -------------------------------------------------------------------------------------

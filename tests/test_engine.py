@@ -272,6 +272,22 @@ def test_eos_ends_generation_and_is_not_output() -> None:
     assert done.finish_reason == "eos" and done.tokens == () and done.stopped_by == "</s>"
 
 
+def test_a_draft_ends_at_an_end_of_generation() -> None:
+    """Nothing after an end of generation is ever generated: the draft model stops drafting at one (a step and a
+    verify row saved for each token it would have drafted past it), and lookup copies no further than one."""
+    from edgespec.drafters.model import ModelDrafter
+
+    params = SamplingParams(temperature=0.0, max_tokens=16)
+    ending = ModelDrafter(FakeModel(eos_bias=+9))  # EOS is almost always the argmax
+    assert ending.propose([3, 4, 5], 4, params, None).tokens == [EOS]
+    going_on = ModelDrafter(FakeModel(eos_bias=-9))
+    assert len(going_on.propose([3, 4, 5], 4, params, None).tokens) == 4
+    engine = Engine(FakeModel(eos_bias=-9), None, draft_len=8, lookup=True)
+    lookup = engine._lanes[0].drafters["lookup"]
+    lookup.reset([5, 6, 7, 8, EOS, 9, 10, 11, 12])
+    assert lookup.propose([5, 6, 7, 8, EOS, 9, 10, 11, 12, 6, 7], 8).tokens == [8, EOS]
+
+
 def test_stop_string_ends_generation_and_is_cut() -> None:
     target = FakeModel(eos_bias=-9)
     full = "".join(target.piece(t).decode() for t in plain_greedy(PROMPT, 40, target))

@@ -275,3 +275,23 @@ def test_a_substitution_learned_anew_counts_as_made_once():
     assert drafter.substitutions == {X: Y} and X in drafter._repeated
     write(drafter, context, [28, 29, 30, 31, 9, 32, 33])  # then 9 where the source has X, and the copy goes on
     assert drafter.substitutions == {X: 9} and X not in drafter._repeated
+
+
+def test_a_proposal_ends_with_the_first_end_of_generation_it_copies():
+    # The prompt's code block is followed by the chat template's end of turn (99) and the next turn's header: a reply
+    # that copies the block's end ends there too, so nothing past the 99 is proposed.
+    end = 99
+    prompt = [7, 1, 2, 3, 4, 5, end, 60, 61, 62, 63]
+    drafter = fresh(prompt, is_end=lambda t: t == end)
+    context = [*prompt, 1, 2, 3]
+    assert propose(drafter, context, 8) == [4, 5, end]
+    assert propose(fresh(prompt), context, 8) == [4, 5, end, 60, 61, 62, 63, 1]  # without is_end: on and on
+    # A copy that goes around the loop at the end of the text stops at its first end as well.
+    looping = [1, 2, end, 5, 1, 2]
+    assert propose(fresh(looping, is_end=lambda t: t == end), looping, 8) == [end]
+    # The ends follow the text: committed ones count, and a context without them proposes in full again.
+    drafter = fresh([1, 2, 3, 4, 5, 6], is_end=lambda t: t == end)
+    drafter.commit([1, 2, 3, 4, 5, 6, 3, 4, end, 8])
+    assert propose(drafter, [1, 2, 3, 4, 5, 6, 3, 4, end, 8, 3, 4], 8) == [end]
+    drafter.reset([1, 2, 3, 4, 5, 6, 3, 4])
+    assert propose(drafter, [1, 2, 3, 4, 5, 6, 3, 4], 4) == [5, 6, 3, 4]

@@ -25,7 +25,8 @@ plain; on the bench's other classes it moved by under 1 %.)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from bisect import bisect_left
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,12 +58,20 @@ class LookupDrafter:
     ``min_n``/``max_n`` bound the n-gram length (llama.cpp's n-gram cache uses 1..4). The default skips
     1-grams: a single repeated token (a bracket, a space) predicts its successor poorly, and a rejected draft
     still widens the verify, which on a CPU costs about half a decode per token. ``learn_substitutions``: watch
-    the copies for one-token edits made throughout (see the module docstring).
+    the copies for one-token edits made throughout (see the module docstring). ``is_end``: the target's test for an
+    end-of-generation token; a proposal then ends with the first one it copies (see :meth:`propose`).
     """
 
     name = "lookup"
 
-    def __init__(self, min_n: int = 2, max_n: int = 4, *, learn_substitutions: bool = True) -> None:
+    def __init__(
+        self,
+        min_n: int = 2,
+        max_n: int = 4,
+        *,
+        learn_substitutions: bool = True,
+        is_end: Callable[[int], bool] | None = None,
+    ) -> None:
         if not 1 <= min_n <= max_n:
             raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         self.min_n = min_n
@@ -76,6 +85,8 @@ class LookupDrafter:
         # proposal can only be a copy of that place, and in a reply that is copying its prompt (a code edit) such a
         # proposal is as a rule right for long even before any agreement shows (see LookupForecast).
         self.last_from_prompt = False
+        self.is_end = is_end
+        self._ends: list[int] = []  # ascending positions of the text's end-of-generation tokens (with is_end)
         self.substitutions: dict[int, int] = {}  # source token -> the token this output writes for it
         self._repeated: set[int] = set()  # the substitutions' source tokens the output has substituted again since
         self._copy: _Copy | None = None
@@ -105,9 +116,14 @@ class LookupDrafter:
         rng: Uniforms | None = None,
     ) -> Draft:
         """``max_len`` tokens that followed the latest earlier occurrence of the longest suffix n-gram (periodic past
-        the end of the text), each through the substitutions learned.
+        the end of the text), each through the substitutions learned; with ``is_end``, no further than the first
+        end-of-generation token among them.
 
-        ``params`` and ``rng`` are unused: the proposal is deterministic; the verifier treats it as one-hot.
+        Nothing after an end of generation is ever generated, so a token proposed past one can only widen the
+        verify. A reply that copies the end of a code block in the prompt would otherwise copy on into the chat
+        template's end of turn and the next turn's header (recorded Qwen code edits ended so: 15 tokens drafted
+        where 1 or 2 could be right). ``params`` and ``rng`` are unused: the proposal is deterministic; the verifier
+        treats it as one-hot.
         """
         self.last_ngram = self.last_agreement = 0
         self.last_from_prompt = False
@@ -129,6 +145,11 @@ class LookupDrafter:
                 if self.learn_substitutions and (self._copy is None or self._copy.changed is None):
                     # (a change waits for its copy to resume)
                     self._copy = _Copy(offset=period, since=end)
+                ends = self._ends
+                if ends:
+                    first = bisect_left(ends, e)  # the first end at or after e (a copy going around meets it first)
+                    if first < len(ends):
+                        max_len = min(max_len, ends[first] - e + 1)
                 copied = [tokens[e + i % period] for i in range(max_len)]
                 return Draft([subs.get(t, t) for t in copied] if subs else copied, None)
         return Draft.empty()
@@ -169,6 +190,9 @@ class LookupDrafter:
         tokens = self._tokens
         start = len(tokens)
         tokens.extend(new)
+        if self.is_end is not None:
+            is_end = self.is_end
+            self._ends.extend(q for q in range(start, len(tokens)) if is_end(tokens[q]))
         # Each new token at position e is the continuation of the n-grams ending just before it.
         for e in range(start, len(tokens)):
             for n in range(self.min_n, min(self.max_n, e) + 1):
@@ -206,6 +230,7 @@ class LookupDrafter:
 
     def _truncate(self, length: int) -> None:
         self._copy = None  # it watched positions that go
+        del self._ends[bisect_left(self._ends, length) :]
         tokens = self._tokens
         # Undo _extend newest first: each entry removed is the last of its list.
         for e in range(len(tokens) - 1, length - 1, -1):

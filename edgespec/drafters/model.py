@@ -145,10 +145,9 @@ class ModelDrafter:
             drafting.qs.append(q)
         drafting.tokens.append(d)
         drafting.feed = [d]
-        # A constrained draft ends at an end of generation (its constraint has nothing after it).
-        drafting.done = len(drafting.tokens) == drafting.max_len or (
-            drafting.constraint is not None and self.model.is_eog(d)
-        )
+        # A draft ends at an end of generation: nothing after one is ever generated (or allowed by a constraint), so
+        # a token drafted past it would only cost a draft step and a row of the verify.
+        drafting.done = len(drafting.tokens) == drafting.max_len or self.model.is_eog(d)
 
     def _reread(self, token: int) -> np.ndarray:
         """The whole logits row after the KV's last token (``token``), decoded again."""
