@@ -722,10 +722,10 @@ def render_report(result: BenchResult) -> str:
                 cells.append("-" if s == PLAIN or v.forced_share else _fmt(v.ceiling_share, ".0%"))
             if by_repeat:
                 mine = [rep[task][s] for rep in by_repeat if task in rep and s in rep[task]]
-                cells.append("-" if s == PLAIN else _range([m.speedup for m in mine], ".2f", "x"))
+                cells.append("-" if s == PLAIN else value_range([m.speedup for m in mine], ".2f", "x"))
                 if shares:
                     no_share = s == PLAIN or v.forced_share
-                    cells.append("-" if no_share else _range([m.ceiling_share for m in mine], ".0%"))
+                    cells.append("-" if no_share else value_range([m.ceiling_share for m in mine], ".0%"))
             if forced:
                 cells += [_fmt(v.forced_share, ".0%"), _fmt(v.constraint_ms, ".3f")]
             lines.append(cells)
@@ -794,11 +794,12 @@ def render_report(result: BenchResult) -> str:
     return "\n\n".join(parts) + "\n\n" + "\n".join(notes)
 
 
-def _range(values: Sequence[float | None], spec: str, suffix: str = "") -> str:
-    """``low-high`` of the values given (None where any is missing)."""
-    if not values or any(v is None for v in values):
+def value_range(values: Sequence[float | None], spec: str, suffix: str = "") -> str:
+    """``low-high`` of the values given; "-" for none, or where any is missing."""
+    known = [v for v in values if v is not None]
+    if not known or len(known) < len(values):
         return "-"
-    return f"{format(min(values), spec)}-{format(max(values), spec)}{suffix}"  # type: ignore[type-var]
+    return f"{format(min(known), spec)}-{format(max(known), spec)}{suffix}"
 
 
 def _drift(cfg: dict[str, Any]) -> str:

@@ -44,7 +44,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from edgespec.bench import PLAIN, Task, format_table, parse_strategies, percentile, prompt_job
+from edgespec.bench import PLAIN, Task, format_table, parse_strategies, percentile, prompt_job, value_range
 from edgespec.errors import EdgespecError
 
 if TYPE_CHECKING:
@@ -317,7 +317,7 @@ def render_load_report(records: Sequence[LoadRecord], notes: Sequence[str], head
                         mine = [r for r in chosen if r.round == k]
                         base = _pooled([r for r in plain if r.round == k] or plain).total_rate
                         per_round.append(_pooled(mine).total_rate / base if base else 0.0)
-                    spread = f"{min(per_round):.2f}-{max(per_round):.2f}" if len(per_round) > 1 else "-"
+                    spread = value_range(per_round, ".2f") if len(per_round) > 1 else "-"
                 p50, p95, acc = merged.ttft(50), merged.ttft(95), merged.acceptance
                 row = [
                     str(level), task, strategy, str(len(merged.requests)), f"{merged.total_rate:.1f}",

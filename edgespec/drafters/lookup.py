@@ -85,7 +85,7 @@ class LookupDrafter:
         # proposal can only be a copy of that place, and in a reply that is copying its prompt (a code edit) such a
         # proposal is as a rule right for long even before any agreement shows (see LookupForecast).
         self.last_from_prompt = False
-        self.is_end = is_end
+        self._is_end = is_end
         self._ends: list[int] = []  # ascending positions of the text's end-of-generation tokens (with is_end)
         self.substitutions: dict[int, int] = {}  # source token -> the token this output writes for it
         self._repeated: set[int] = set()  # the substitutions' source tokens the output has substituted again since
@@ -190,8 +190,8 @@ class LookupDrafter:
         tokens = self._tokens
         start = len(tokens)
         tokens.extend(new)
-        if self.is_end is not None:
-            is_end = self.is_end
+        is_end = self._is_end
+        if is_end is not None:
             self._ends.extend(q for q in range(start, len(tokens)) if is_end(tokens[q]))
         # Each new token at position e is the continuation of the n-grams ending just before it.
         for e in range(start, len(tokens)):
