@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -246,6 +247,26 @@ def test_the_batch_counts_its_sequences_tokens_by_their_geometric_mean() -> None
     assert three_twos.batch_tokens(16.0) < 6.0 + 16.0  # one ahead of the others: less than the sum
     assert Load(rows=3, tokens=3.0).batch_tokens(5.0) == 8.0  # the others not given as sequences: summed
     assert NO_LOAD.batch_tokens(5.0) == 5.0
+
+
+def test_the_load_counts_the_others_drafts_not_the_python_time_of_their_plans(monkeypatch) -> None:
+    # A plan's own time is never the same twice (a plan worked out takes longer than one reused): counted in the
+    # load, it made every later sequence's load look new, so their plans were worked out again each step.
+    loads: list[Load] = []
+    plan = Controller.plan
+
+    def slow_plan(self, lookup=(), load=NO_LOAD, remaining=None, agreement=0, from_prompt=False):
+        loads.append(load)
+        time.sleep(0.003)
+        return plan(self, lookup, load, remaining, agreement, from_prompt)
+
+    monkeypatch.setattr(Controller, "plan", slow_plan)
+    target = FakeModel(eos_bias=-9, n_seq=3)
+    runtime = Runtime(Engine(target, None, draft_len="auto", lookup=True))  # lookup alone: its drafts cost nothing
+    runtime.generate_many(PROMPTS[:3], SamplingParams(temperature=0, max_tokens=10))
+    shared = [load for load in loads if load.sequences]
+    assert len(shared) >= 10  # the three requests planned beside each other
+    assert all(load.seconds == 0.0 for load in shared), [load.seconds for load in shared]
 
 
 def test_under_load_a_draft_that_would_slow_the_others_more_than_it_gains_is_not_chosen() -> None:

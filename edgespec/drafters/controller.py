@@ -76,8 +76,8 @@ class Plan:
 @dataclass(frozen=True)
 class Load:
     """What the other sequences put into the same target decode, as planned so far this step: their rows, the
-    tokens they are expected to commit, and the seconds their drafting adds; ``room``: the rows this sequence may
-    add (the decode's row budget less theirs). A lone sequence plans against :data:`NO_LOAD`."""
+    tokens they are expected to commit, and the seconds their drafting is expected to add; ``room``: the rows this
+    sequence may add (the decode's row budget less theirs). A lone sequence plans against :data:`NO_LOAD`."""
 
     rows: int = 0
     tokens: float = 0.0
@@ -387,8 +387,8 @@ class _Settled:
         return offered == (-1, 0) or (offered[0] <= self.offered[0] and offered[1] <= self.offered[1])
 
     def holds(self, load: Load) -> bool:
-        # The others' seconds include the time their plans took, which is never the same twice: within a tenth of
-        # a step they are the same load.
+        # The others' seconds are their drafts' expected costs, and a draft model's per-token cost moves with every
+        # draft it makes: within a tenth of a step they are the same load.
         return _load_key(load) == self.load and abs(load.seconds - self.seconds) <= self.slack
 
 
