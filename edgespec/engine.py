@@ -20,8 +20,17 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from edgespec.constraint import Constraint
-from edgespec.drafters.base import Drafter
-from edgespec.drafters.controller import NO_LOAD, Controller, FixedController, Load, RoundController, VerifyCost
+from edgespec.drafters.base import Draft, Drafter
+from edgespec.drafters.controller import (
+    LOOKUP,
+    NO_LOAD,
+    Controller,
+    FixedController,
+    Load,
+    Plan,
+    RoundController,
+    VerifyCost,
+)
 from edgespec.drafters.costs import CostCache, Costs, setup_key, time_decodes, time_switch
 from edgespec.drafters.lookup import LookupDrafter
 from edgespec.drafters.model import ModelDrafter
@@ -107,6 +116,7 @@ class Engine:
         self.max_gamma = min(max_gamma, self.gamma_limit)
         self._curve: VerifyCost | None = None  # the target's decode costs: the auto controllers of all lanes share it
         self._curve_seeded: set[str] = set()  # the readouts whose calibration the shared curve has taken
+        self._lockstep_declined: list[Plan | None] = []  # the plans of the last step that weighed lockstep and lost
         self._costs: dict[str, Costs] = {}  # calibrated costs by readout kind, recorded into each lane's controller
         self._cost_cache = cost_cache
         # One condition guards the lanes, the requests and the stepper's role: a thread waits on it for its
@@ -467,6 +477,8 @@ class Engine:
             # 34-37 % of the plans were worked out, 18-19 % without it.
             seconds += generation.plan.draft_seconds
             live.append(generation)
+        if len(live) > 1 and not prefills:
+            self._lockstep(live, budget)
         live = self._draft_together(live)
         rows = sum(g.rows for g in live)
         if not live and not prefills:
@@ -509,6 +521,92 @@ class Engine:
             except Exception as error:  # noqa: BLE001
                 self._roll_back(generation)
                 generation.fail(error)
+
+    def _lockstep(self, live: list[Generation], budget: int) -> None:
+        """Let every request draft as far as the others, when that beats the step as planned.
+
+        The plans above are made one request after another, each counting the ones after it as plain rows. With a
+        KV buffer per sequence, llama.cpp runs a draft beside the others' single rows as a forward pass of its own
+        (see :mod:`edgespec.models.microbatch`), so under load no one request's draft pays, even where every one
+        of them would if all drafted: the same rows for every sequence are one pass. On a GPU, whose pass of
+        4 x 8 rows costs little more than one of 4, that step answers several requests that copy their prompts
+        faster than plain decoding can. It is priced here on the shared curve against the step as planned, by the
+        same count of the batch's tokens (:meth:`Load.batch_tokens`), and taken past the controllers' margin
+        (``min_gain``). A request whose lookup proposal is shorter than the others' fills its rows with its last
+        token, which the verify rejects unless the target would write it there (a one-hot draft is verified
+        exactly whatever it proposes). On a CPU, whose decode grows by most of a step per row, it does not pay."""
+        curve_cost = self._curve
+        controllers: list[Controller] = []
+        for g in live:
+            c = g.controller
+            if (
+                curve_cost is None
+                or not isinstance(c, Controller)
+                or c is not g.lane.auto
+                or g.lookup_proposal is None
+                or g.constraint is not None
+                or g.prompt_tail
+                or g.drafting is not None
+                or g.plan is None
+                or g.plan.drafter not in (None, LOOKUP)
+            ):
+                return
+            controllers.append(c)
+        assert curve_cost is not None
+        plans = [g.plan for g in live]
+        declined, self._lockstep_declined = self._lockstep_declined, plans
+        if len(declined) == len(plans) and all(a is b for a, b in zip(declined, plans, strict=True)):
+            return  # every plan stands as it stood when lockstep last lost (see Controller._reuse): so does that
+        n = len(live)
+        ids = sorted(g.lane.index for g in live)
+        widest = min(budget, getattr(self.target, "n_batch", budget)) // n
+        widest = min(widest, 1 + min(g.max_draft for g in live))
+        # Equal rows are one pass only for a run of consecutive sequence ids (a gap's filler token would cut it).
+        if widest < 2 or ids[-1] - ids[0] + 1 != n:
+            return
+        planned = {g.lane.index: g.planned_rows for g in live}
+        curve = curve_cost.curve(max(n * widest, sum(planned.values())))
+        if curve is None:
+            return
+        last, switch = curve_cost.last_width, curve_cost.switch
+        passes = self._split(planned)
+        # Both counted per sequence, as Load.batch_tokens counts them: n times the geometric mean.
+        tokens = n * math.exp(sum(math.log(max(g.plan.expected, 1e-9)) for g in live) / n)
+        seconds = sum(curve[b] for b in passes) + (0 if max(passes) == last else switch)
+        as_planned = tokens / (seconds + sum(g.plan.draft_seconds for g in live))
+        bar = as_planned * (1.0 + controllers[0].min_gain)
+
+        def lockstep_seconds(width: int) -> float:
+            # One pass; a new graph unless the last decode had that width, going there and coming back. A width
+            # never measured is read off the fit as it is, without the optimism that gets a plan to try it: a
+            # step of all sequences is too dear a way to explore (two code edits at once on a 2-core CPU: with that
+            # optimism, the first run ran at 14.9 tok/s, the seven after it at 17.6-20.6 with lockstep or without).
+            b = n * width
+            fitted = curve[b] if curve_cost.measured(b) is not None else curve[b] / (1.0 - curve_cost.optimism)
+            return fitted + (0 if b == last else 2 * switch)
+
+        # A bound first, from each proposal's first token alone (its chance S(1) bounds every later S(k), so a
+        # draft of g is expected to commit at most 1 + g S(1)): most steps end here, for a few microseconds.
+        firsts = [c.alpha(LOOKUP) if g.lookup_proposal else 0.0 for g, c in zip(live, controllers, strict=True)]
+        bound = n * math.exp(sum(math.log1p((widest - 1) * s) for s in firsts) / n)
+        if bound <= bar * min(lockstep_seconds(w) for w in range(2, widest + 1)):
+            return
+        logs = [[math.log(e) for e in c.lookup_expected(widest - 1)] for c in controllers]
+        best_rate, best_width = 0.0, 0
+        for width in range(2, widest + 1):
+            rate = n * math.exp(sum(row[width - 1] for row in logs) / n) / lockstep_seconds(width)
+            if rate > best_rate:
+                best_rate, best_width = rate, width
+        if best_rate <= bar:
+            return
+        self._lockstep_declined = []
+        why = f"lockstep: {n} requests x {best_width} rows, est {best_rate:.1f} tok/s, as planned {as_planned:.1f}"
+        for g, row in zip(live, logs, strict=True):
+            assert g.lookup_proposal is not None
+            draft = g.lookup_proposal[: best_width - 1]
+            draft += [g.ctx[-1]] * (best_width - 1 - len(draft))
+            g.plan = Plan(LOOKUP, best_width - 1, why, expected=math.exp(row[best_width - 1]))
+            g.draft = Draft(draft, None)
 
     @staticmethod
     def _roll_back(generation: Generation) -> None:

@@ -123,6 +123,9 @@ class Generation:
         self.drafting: Drafting | None = None  # a draft model's draft the engine steps with the others'
         self.n_forced = 0  # of this round's draft, the leading tokens its constraint forced
         self.t_draft = 0.0
+        # this round's lookup proposal (None: lookup off) and the most tokens the request may draft (its room)
+        self.lookup_proposal: list[int] | None = None
+        self.max_draft = 0
 
     # ----- before the first round ----------------------------------------------------------------------------
     def prefill_part(self, limit: int) -> tuple[object, list[int], tuple, Readout] | None:
@@ -215,6 +218,8 @@ class Generation:
             lookup_draft = self.lookup.propose(self.ctx, max_len, params, None)
             if constraint is not None:  # what the constraint forbids would be rejected for certain
                 lookup_draft = Draft(lookup_draft.tokens[: constraint.valid_prefix(lookup_draft.tokens)], None)
+        self.lookup_proposal = list(lookup_draft.tokens) if self.lookup is not None else None
+        self.max_draft = max(min(room - 1, self.max_gamma), 0)
         proposer = self.lookup if lookup_draft.tokens else None  # what it knows of where its proposal came from
         plan = self.controller.plan(
             lookup_draft.tokens,

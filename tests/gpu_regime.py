@@ -3,7 +3,8 @@
 A scripted target answers every decode with plain decoding's recorded greedy tokens (tests/data/qwen_traces.json:
 the Qwen pair's answers to the bench's prompts) and waits as long as a cost profile says a decode of that many
 rows takes (by default the H200's measured curve, ``H200_PROFILE``, plus ``--switch-ms`` when the width changes:
-llama.cpp builds a new graph then). What is measured is then the loop's own time beside a GPU-fast decode: plans,
+llama.cpp builds a new graph then), for each forward pass llama.cpp would cut the decode into with a KV buffer per
+sequence (:mod:`edgespec.models.microbatch`: 1, 1 and 5 rows are a pass of 3 and one of 4). What is measured is then the loop's own time beside a GPU-fast decode: plans,
 lookup and its checks, the controllers' bookkeeping. It is an emulation, not a GPU measurement: the real adapter's
 Python (filling llama.cpp's batch, reading the rows) is not in it, and the decode waits on this CPU's clock.
 
@@ -27,6 +28,7 @@ from fakes import FakeModel  # noqa: E402
 from edgespec.bench_load import closed_loop, engine_runner  # noqa: E402
 from edgespec.drafters.controller_sim import H200_PROFILE, CostProfile  # noqa: E402
 from edgespec.engine import Engine  # noqa: E402
+from edgespec.models.microbatch import decode_passes  # noqa: E402
 from edgespec.sampling import SamplingParams  # noqa: E402
 
 TRACES = Path(__file__).resolve().parent / "data" / "qwen_traces.json"
@@ -58,9 +60,14 @@ class ScriptedModel(FakeModel):
             pass
         self.busy_seconds += seconds
 
+    def decode_passes(self, tokens_by_seq):
+        return decode_passes(tokens_by_seq, self.n_batch, gaps_filled=True)
+
     def decode_batch(self, parts):
         self.batches.append([len(rows) for _, _, rows, _ in parts])
-        self._wait(sum(len(tokens) for _, tokens, _, _ in parts))
+        # As llama.cpp runs it with a KV buffer per sequence: one forward pass per micro-batch (see microbatch).
+        for rows in self.decode_passes({slot.seq_id: len(tokens) for slot, tokens, _, _ in parts}):
+            self._wait(rows)
         return [self._score(slot, tokens, rows, readout) for slot, tokens, rows, readout in parts]
 
     def _decode_on(self, seq, tokens, rows, readout):

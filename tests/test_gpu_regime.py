@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from gpu_regime import ScriptedModel, load_traces, measure
 
-from edgespec.drafters.controller_sim import H200_PROFILE
+from edgespec.api import Runtime
+from edgespec.drafters.controller_sim import H200_PROFILE, CostProfile
 from edgespec.engine import Engine
 from edgespec.sampling import SamplingParams
 
@@ -29,3 +30,45 @@ def test_a_measurement_counts_every_class_and_strategy():
     assert set(totals) == {(c, s) for c in classes for s in ("plain", "auto")}
     for tokens, seconds, drafted, accepted in totals.values():
         assert tokens == 8 * 4 and seconds > 0 and 0 <= accepted <= drafted  # twice the lanes: 4 requests of 8
+
+
+def _lockstep_rounds(monkeypatch) -> list[list[int]]:
+    """Records the rows of each sequence in every step that drafted in lockstep (see Engine._lockstep)."""
+    taken: list[list[int]] = []
+    original = Engine._lockstep
+
+    def recording(self, live, budget):  # noqa: ANN001, ANN202
+        original(self, live, budget)
+        if all(g.plan.reason.startswith("lockstep") for g in live):
+            taken.append([g.rows for g in live])
+
+    monkeypatch.setattr(Engine, "_lockstep", recording)
+    return taken
+
+
+def test_at_a_gpus_costs_requests_that_copy_draft_in_lockstep_and_keep_their_answers(monkeypatch):
+    """Two requests that copy their prompts, at the H200's decode costs: alone each plan finds that a draft beside
+    the other's single row costs a forward pass of its own, but drafting the same rows together is one pass, and
+    the engine takes it. The answers stay the recorded greedy ones."""
+    taken = _lockstep_rounds(monkeypatch)
+    traces = load_traces()["code-edit"][:2]
+    model = ScriptedModel([t["prompt"] + t["output"] for t in traces], H200_PROFILE, switch=0.0, n_seq=2)
+    engine = Engine(model, None, draft_len="auto", lookup=True, parallel=2)
+    n = 64
+    done = Runtime(engine).generate_many([t["prompt"] for t in traces], SamplingParams(temperature=0.0, max_tokens=n))
+    assert [list(f.tokens) for f in done] == [t["output"][:n] for t in traces]
+    assert taken and all(len(set(rows)) == 1 and rows[0] > 1 for rows in taken)  # every sequence the same rows
+    assert any(parts == [rows[0]] * 2 for rows in taken for parts in model.batches)
+
+
+def test_where_every_row_costs_most_of_a_step_requests_do_not_draft_in_lockstep(monkeypatch):
+    """The same requests where a decode's cost grows by 0.9 of a step per row (a CPU's): no lockstep step."""
+    taken = _lockstep_rounds(monkeypatch)
+    cpu = CostProfile(t_token=0.002, verify_mult={2: 1.9, 64: 57.7}, draft={})
+    traces = load_traces()["code-edit"][:2]
+    model = ScriptedModel([t["prompt"] + t["output"] for t in traces], cpu, switch=0.0, n_seq=2)
+    engine = Engine(model, None, draft_len="auto", lookup=True, parallel=2)
+    n = 48
+    done = Runtime(engine).generate_many([t["prompt"] for t in traces], SamplingParams(temperature=0.0, max_tokens=n))
+    assert [list(f.tokens) for f in done] == [t["output"][:n] for t in traces]
+    assert not taken

@@ -306,6 +306,11 @@ class VerifyCost:
         if rest > 0:
             self.add(passes[widest], rest)
 
+    @property
+    def last_width(self) -> int | None:
+        """The width of the last decode added (the graph llama.cpp holds now), None before any."""
+        return self._last_b
+
     def measured(self, b: int) -> float | None:
         est = self._by_b.get(b)
         return est.value if est is not None else None
@@ -527,6 +532,13 @@ class Controller:
             first = self._lookup.survival(1)
             return float(first[0]) if len(first) else 0.0
         return self._state[drafter].acceptance.alpha
+
+    def lookup_expected(self, max_len: int) -> list[float]:
+        """``E[γ]`` for γ = 0..max_len: the tokens a round is expected to commit if it drafts the first γ tokens of
+        lookup's current proposal (the one given to the last :meth:`plan`), past its end tokens sure to be rejected."""
+        survival = self._lookup.survival(max_len) if self._lookup is not None else []
+        expected = [1.0, *(1.0 + s for s in accumulate(survival))]
+        return expected + [expected[-1]] * (max_len + 1 - len(expected))
 
     @property
     def verify_cost(self) -> VerifyCost:
