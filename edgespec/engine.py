@@ -565,7 +565,9 @@ class Engine:
         if widest < 2 or ids[-1] - ids[0] + 1 != n:
             return
         planned = {g.lane.index: g.planned_rows for g in live}
-        curve = curve_cost.curve(max(n * widest, sum(planned.values())))
+        # The curve as far as the plans read it, and the bound below needs: read further only past the bound (each
+        # width past the measured ones is worked out, and the curve anew whenever a decode moves a point of it).
+        curve = curve_cost.curve(max(2 * n, sum(planned.values())))
         if curve is None:
             return
         last, switch = curve_cost.last_width, curve_cost.switch
@@ -586,11 +588,14 @@ class Engine:
             return fitted + (0 if b == last else 2 * switch)
 
         # A bound first, from each proposal's first token alone (its chance S(1) bounds every later S(k), so a
-        # draft of g is expected to commit at most 1 + g S(1)): most steps end here, for a few microseconds.
+        # draft of g is expected to commit at most 1 + g S(1)) and the narrowest lockstep's cost (the curve's
+        # least past it but for a CPU kernel's quirk): most steps end here, for a few microseconds.
         firsts = [c.alpha(LOOKUP) if g.lookup_proposal else 0.0 for g, c in zip(live, controllers, strict=True)]
         bound = n * math.exp(sum(math.log1p((widest - 1) * s) for s in firsts) / n)
-        if bound <= bar * min(lockstep_seconds(w) for w in range(2, widest + 1)):
+        if bound <= bar * lockstep_seconds(2):
             return
+        curve = curve_cost.curve(n * widest)
+        assert curve is not None
         logs = [[math.log(e) for e in c.lookup_expected(widest - 1)] for c in controllers]
         best_rate, best_width = 0.0, 0
         for width in range(2, widest + 1):

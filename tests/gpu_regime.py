@@ -4,9 +4,10 @@ A scripted target answers every decode with plain decoding's recorded greedy tok
 the Qwen pair's answers to the bench's prompts) and waits as long as a cost profile says a decode of that many
 rows takes (by default the H200's measured curve, ``H200_PROFILE``, plus ``--switch-ms`` when the width changes:
 llama.cpp builds a new graph then), for each forward pass llama.cpp would cut the decode into with a KV buffer per
-sequence (:mod:`edgespec.models.microbatch`: 1, 1 and 5 rows are a pass of 3 and one of 4). What is measured is then the loop's own time beside a GPU-fast decode: plans,
-lookup and its checks, the controllers' bookkeeping. It is an emulation, not a GPU measurement: the real adapter's
-Python (filling llama.cpp's batch, reading the rows) is not in it, and the decode waits on this CPU's clock.
+sequence (:mod:`edgespec.models.microbatch`: 1, 1 and 5 rows are a pass of 3 and one of 4). What is measured is
+then the loop's own time beside a GPU-fast decode: plans, lookup and its checks, the controllers' bookkeeping. It is
+an emulation, not a GPU measurement: the real adapter's Python (filling llama.cpp's batch, reading the rows) is not in
+it, and the decode waits on this CPU's clock.
 
     python tests/gpu_regime.py --lanes 1,4 --rounds 2
 """
