@@ -46,17 +46,23 @@ def _lockstep_rounds(monkeypatch) -> list[list[int]]:
     return taken
 
 
+def _two_code_edits(profile: CostProfile, n: int) -> ScriptedModel:
+    """Two recorded code edits answered at once on auto at ``profile``'s costs, checked to be the recorded greedy
+    answers; the scripted target (its ``batches``) for the caller to inspect."""
+    traces = load_traces()["code-edit"][:2]
+    model = ScriptedModel([t["prompt"] + t["output"] for t in traces], profile, switch=0.0, n_seq=2)
+    engine = Engine(model, None, draft_len="auto", lookup=True, parallel=2)
+    done = Runtime(engine).generate_many([t["prompt"] for t in traces], SamplingParams(temperature=0.0, max_tokens=n))
+    assert [list(f.tokens) for f in done] == [t["output"][:n] for t in traces]
+    return model
+
+
 def test_at_a_gpus_costs_requests_that_copy_draft_in_lockstep_and_keep_their_answers(monkeypatch):
     """Two requests that copy their prompts, at the H200's decode costs: alone each plan finds that a draft beside
     the other's single row costs a forward pass of its own, but drafting the same rows together is one pass, and
     the engine takes it. The answers stay the recorded greedy ones."""
     taken = _lockstep_rounds(monkeypatch)
-    traces = load_traces()["code-edit"][:2]
-    model = ScriptedModel([t["prompt"] + t["output"] for t in traces], H200_PROFILE, switch=0.0, n_seq=2)
-    engine = Engine(model, None, draft_len="auto", lookup=True, parallel=2)
-    n = 64
-    done = Runtime(engine).generate_many([t["prompt"] for t in traces], SamplingParams(temperature=0.0, max_tokens=n))
-    assert [list(f.tokens) for f in done] == [t["output"][:n] for t in traces]
+    model = _two_code_edits(H200_PROFILE, 64)
     assert taken and all(len(set(rows)) == 1 and rows[0] > 1 for rows in taken)  # every sequence the same rows
     assert any(parts == [rows[0]] * 2 for rows in taken for parts in model.batches)
 
@@ -67,11 +73,5 @@ def test_where_every_row_costs_more_than_a_step_requests_do_not_draft_in_lockste
     0.9 of a step a row, a lockstep of near-certain copies can pay by the costs as measured: a CI run took one, of
     two rows each.)"""
     taken = _lockstep_rounds(monkeypatch)
-    cpu = CostProfile(t_token=0.004, verify_mult={2: 2.2, 64: 76.6}, draft={})
-    traces = load_traces()["code-edit"][:2]
-    model = ScriptedModel([t["prompt"] + t["output"] for t in traces], cpu, switch=0.0, n_seq=2)
-    engine = Engine(model, None, draft_len="auto", lookup=True, parallel=2)
-    n = 48
-    done = Runtime(engine).generate_many([t["prompt"] for t in traces], SamplingParams(temperature=0.0, max_tokens=n))
-    assert [list(f.tokens) for f in done] == [t["output"][:n] for t in traces]
+    _two_code_edits(CostProfile(t_token=0.004, verify_mult={2: 2.2, 64: 76.6}, draft={}), 48)
     assert not taken
