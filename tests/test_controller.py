@@ -93,6 +93,53 @@ def test_verify_cost_fills_unseen_widths():
     assert optimistic.curve(2)[1:] == pytest.approx([0.1, 0.75 * 0.15])  # unseen widths look cheaper
 
 
+def _curve_from_scratch(cost: VerifyCost, max_b: int) -> list[float]:
+    """The curve by its definition, from the measured widths alone (no cached sums or lists)."""
+    seen = sorted((b, cost.measured(b)) for b in range(1, 200) if cost.measured(b) is not None)
+    if len(seen) == 1:
+        slope = cost.slope_prior * seen[0][1] / (1.0 + cost.slope_prior * (seen[0][0] - 1))
+    else:
+        mb = sum(b for b, _ in seen) / len(seen)
+        mc = sum(c for _, c in seen) / len(seen)
+        slope = max(sum((b - mb) * (c - mc) for b, c in seen) / sum((b - mb) ** 2 for b, _ in seen), 0.0)
+    known = dict(seen)
+    curve = [0.0]
+    for b in range(1, max_b + 1):
+        lower = [w for w, _ in seen if w < b]
+        higher = [w for w, _ in seen if w > b]
+        if b in known:
+            curve.append(known[b])
+            continue
+        if lower and higher:
+            lo, hi = lower[-1], higher[0]
+            fill = known[lo] + (known[hi] - known[lo]) * (b - lo) / (hi - lo)
+        elif lower:
+            fill = known[lower[-1]] + slope * (b - lower[-1])
+        else:
+            fill = max(known[higher[0]] - slope * (higher[0] - b), 0.25 * known[higher[0]])
+        curve.append(fill * (1.0 - cost.optimism))
+    return curve
+
+
+def test_verify_cost_curve_kept_up_to_date_equals_the_curve_worked_out_anew():
+    # The curve is kept by add (values, widths in order, the fit's sums) for speed: after any mix of calibrated
+    # widths, rounds at widths in and past them, and reads of the curve to any width, it is what its definition says.
+    rng = np.random.default_rng(5)
+    for trial in range(200):
+        cost = VerifyCost(decay=0.9, slope_prior=0.5, optimism=0.25)
+        widths = list(range(1, int(rng.integers(2, 18)) + 1))
+        if trial % 2:
+            widths = sorted({int(w) for w in rng.integers(1, 40, int(rng.integers(1, 10)))})
+        else:
+            for b in widths:
+                cost.add(b, 0.01 * b, calibrated=True)
+        for _ in range(int(rng.integers(1, 60))):
+            cost.add(int(rng.choice(widths)), float(rng.uniform(0.001, 0.2)))
+            max_b = int(rng.integers(1, 70))
+            curve = cost.curve(max_b)  # a list read further before may come back whole
+            assert curve[: max_b + 1] == pytest.approx(_curve_from_scratch(cost, max_b), rel=1e-9)
+
+
 def test_verify_cost_shrugs_off_a_delayed_decode_but_follows_a_real_change():
     cost = VerifyCost(decay=0.9, slope_prior=0.5, optimism=0.0)
     for _ in range(20):
