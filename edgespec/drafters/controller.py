@@ -283,18 +283,7 @@ class VerifyCost:
             seconds = min(seconds, HICCUP_CLIP * known)
         est.add(seconds)
         value = est.value
-        if value is None:
-            return
-        self._set_value(b, value)
-        curve = self._curve
-        if curve is not None and self._curve_all_measured and b < len(curve):
-            # What working it out again would give (a new list: a plan may still hold the last one).
-            self._curve = curve = curve.copy()
-            curve[b] = value
-        else:
-            self._curve = None
-
-    def _set_value(self, b: int, value: float) -> None:
+        assert value is not None  # a sample was just added
         before = self._values.get(b)
         if before is None:
             insort(self._widths, b)
@@ -304,6 +293,13 @@ class VerifyCost:
         self._values[b] = value
         self._sums[1] += value - before
         self._sums[3] += b * (value - before)
+        curve = self._curve
+        if curve is not None and self._curve_all_measured and b < len(curve):
+            # What working it out again would give (a new list: a plan may still hold the last one).
+            self._curve = curve = curve.copy()
+            curve[b] = value
+        else:
+            self._curve = None
 
     def add_decode(self, passes: Sequence[int], seconds: float) -> None:
         """A decode that llama.cpp ran as these forward passes (their widths) took ``seconds``: a sample of its
