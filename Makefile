@@ -13,7 +13,7 @@ BUILDENV := python3 -I edgespec/buildenv.py
 BACKEND_KEY := $(shell EDGESPEC_BACKEND='$(EDGESPEC_BACKEND)' CMAKE_ARGS='$(CMAKE_ARGS)' $(BUILDENV) --key 2>/dev/null \
 	|| echo unknown)
 
-.PHONY: setup backend models browser chat test bench lint
+.PHONY: setup backend models browser chat check test bench lint
 
 setup: $(VENV)/.installed
 
@@ -54,6 +54,13 @@ browser:
 chat: setup
 	$(ES) chat
 
+# The fast tier, for every change: ruff and the tests that need no real weights and no browser (fakes, pure
+# functions, replays). A test that asks for a model fixture is marked `real` by tests/conftest.py.
+check: setup
+	$(VENV)/bin/ruff check edgespec tui tests
+	$(VENV)/bin/pytest -q -m "not real and not browser"
+
+# The whole suite, as CI runs it.
 test: setup models browser
 	$(VENV)/bin/ruff check edgespec tui tests
 	$(VENV)/bin/pytest

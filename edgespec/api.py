@@ -21,6 +21,7 @@ from edgespec.errors import EdgespecError, InvalidParameterError
 from edgespec.events import Chunk, Event, Finished
 from edgespec.models.backend import Model, auto_gpu_layers, gpu_offload_supported
 from edgespec.models.chat_template import render
+from edgespec.paths import cost_cache_path
 from edgespec.sampling import SamplingParams
 from edgespec.tools import template_tool_calls
 
@@ -272,7 +273,7 @@ def load(
     if not 1 <= parallel <= MAX_PARALLEL:
         raise InvalidParameterError(f"parallel must be 1..{MAX_PARALLEL}, got {parallel}")
     from edgespec.models.gguf import check_vocab_compatible, preflight
-    from edgespec.models.registry import cache_dir, resolve_model
+    from edgespec.models.registry import resolve_model
 
     target_path = resolve_model(str(target), progress=show_fetch_progress)
     draft_choice = None
@@ -329,7 +330,7 @@ def load(
             draft_len=draft_len,
             lookup=lookup,
             p_min=p_min,
-            cost_cache=CostCache(cache_dir() / ".costs.json"),
+            cost_cache=CostCache(cost_cache_path()),
         )
     except BaseException:
         target_model.close()

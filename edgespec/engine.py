@@ -12,6 +12,7 @@ leader/follower pattern), so one caller runs inline, as fast as a plain loop, an
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -31,7 +32,7 @@ from edgespec.drafters.controller import (
     RoundController,
     VerifyCost,
 )
-from edgespec.drafters.costs import CostCache, Costs, setup_key, time_decodes, time_switch
+from edgespec.drafters.costs import CostCache, CostCheck, Costs, setup_key, time_decodes, time_switch
 from edgespec.drafters.lookup import LookupDrafter
 from edgespec.drafters.model import ModelDrafter
 from edgespec.errors import ContextOverflowError, EdgespecError, InvalidParameterError
@@ -39,6 +40,8 @@ from edgespec.events import Event, Finished, Stats
 from edgespec.generation import Generation, Lane
 from edgespec.models.backend import MAX_ROWS, Model, Part, common_prefix
 from edgespec.sampling import Readout, SamplingParams
+
+log = logging.getLogger(__name__)
 
 # Long drafts only pay in copy streaks (prompt lookup), but there they do: on a CPU a 16-token verify measured
 # 6.7x a single step, so a fully accepted one is 2.4x faster than plain decoding.
@@ -119,6 +122,7 @@ class Engine:
         self._lockstep_declined: list[Plan | None] = []  # the plans of the last step that weighed lockstep and lost
         self._costs: dict[str, Costs] = {}  # calibrated costs by readout kind, recorded into each lane's controller
         self._cost_cache = cost_cache
+        self._checks: dict[str, CostCheck] = {}  # costs read from the cache, until live decodes confirm them
         # One condition guards the lanes, the requests and the stepper's role: a thread waits on it for its
         # request's events, for a lane, or for the step another thread is running.
         self._cond = threading.Condition()
@@ -521,6 +525,8 @@ class Engine:
             except Exception as error:  # noqa: BLE001
                 self._roll_back(generation)
                 generation.fail(error)
+        if not prompt_in_decode and self._checks:
+            self._check_cached_costs(live, t_verify)
 
     def _lockstep(self, live: list[Generation], budget: int) -> None:
         """Let every request draft as far as the others, when that beats the step as planned.
@@ -772,23 +778,19 @@ class Engine:
     def _calibrate(self, lane: Lane, ctx: list[int], readout: Readout) -> None:
         """Give the lane's controller what a verify of b tokens and a draft step cost on this machine.
 
-        A CPU's verify cost grows ~linearly with b while a GPU's is nearly flat (DESIGN.md): the controller needs
-        the curve before it can choose γ well, and learning it from live rounds costs those rounds. The costs come
-        from this engine's earlier calibration, from the cost cache when this setup was measured before, else
-        from :meth:`_measure_costs`.
+        A CPU's verify cost grows ~linearly with b while a GPU's is nearly flat: the controller needs the curve
+        before it can choose γ well, and learning it from live rounds costs those rounds. The costs come from this
+        engine's earlier calibration, from the cost cache when this setup was measured before (checked against the
+        first live decodes), else from :meth:`_measure_costs`.
         """
-        # By the readout's kind: what a decode costs barely depends on k, and a key per k would measure again (~4 s)
-        # for every top-k a client sends.
-        max_gamma = self.max_gamma
         costs = self._costs.get(readout.kind)
         if costs is None:
-            setup = setup_key(self.target, self.draft_model)
-            key = f"{setup} max_gamma={max_gamma} widths=all,2 readout={readout.kind}"
-            costs = self._cost_cache.get(key) if self._cost_cache is not None else None
-            if costs is None:
-                costs = self._measure_costs(lane, ctx, max_gamma, readout)
-                if self._cost_cache is not None and max_gamma + 1 in costs.verify:  # only a complete measurement
-                    self._cost_cache.put(key, costs)
+            costs = self._cost_cache.get(self._cost_key(readout)) if self._cost_cache is not None else None
+            if costs is not None:
+                self._checks[readout.kind] = CostCheck(costs.verify)
+            else:
+                costs = self._measure_costs(lane, ctx, self.max_gamma, readout)
+                self._store(readout, costs)
             self._costs[readout.kind] = costs
         assert lane.auto is not None
         # The lanes' controllers share one curve of target decode costs: it takes the calibration once per
@@ -799,6 +801,44 @@ class Engine:
         self._curve_seeded.add(readout.kind)
         lane.auto.record_costs(verify, costs.draft, costs.catchup, costs.switch)
         lane.calibrated_for = readout.kind
+
+    def _cost_key(self, readout: Readout) -> str:
+        # By the readout's kind: what a decode costs barely depends on k, and a key per k would measure again (~4 s)
+        # for every top-k a client sends.
+        setup = setup_key(self.target, self.draft_model)
+        return f"{setup} max_gamma={self.max_gamma} widths=all,2 readout={readout.kind}"
+
+    def _store(self, readout: Readout, costs: Costs) -> None:
+        if self._cost_cache is not None and self.max_gamma + 1 in costs.verify:  # only a complete measurement
+            self._cost_cache.put(self._cost_key(readout), costs)
+
+    def _check_cached_costs(self, live: list[Generation], t_verify: float) -> None:
+        """Set a decode of one pass against the cached costs it was planned with; when the first few disagree beyond
+        noise (:class:`~edgespec.drafters.costs.CostCheck`), measure every cost again on a request of this step."""
+        kinds = {g.readout.kind for g in live}
+        check = self._checks.get(next(iter(kinds))) if len(kinds) == 1 else None
+        if check is None:
+            return
+        passes = self._split({g.lane.index: g.rows for g in live})
+        verdict = check.add(passes[0], t_verify) if len(passes) == 1 else None
+        if verdict is None:
+            return
+        kind = kinds.pop()
+        del self._checks[kind]
+        on = next((g for g in live if not g.done and g.readout.kind == kind), None)
+        if verdict or on is None:
+            return
+        log.info("the cached decode costs are %.2fx off on this machine now; measuring them again", check.ratio)
+        costs = self._measure_costs(on.lane, on.ctx, self.max_gamma, on.readout)
+        self._store(on.readout, costs)
+        # Every cost the lanes hold came from the cache too (the curve is shared): all of it is replaced.
+        self._costs = {kind: costs}
+        self._checks.clear()
+        self._curve_seeded = {kind}
+        for i, lane in enumerate(lane for lane in self._lanes if lane.auto is not None):
+            lane.auto.forget_costs()
+            lane.auto.record_costs(costs.verify if i == 0 else {}, costs.draft, costs.catchup, costs.switch)
+            lane.calibrated_for = kind
 
     def _measure_costs(self, lane: Lane, ctx: list[int], max_gamma: int, readout: Readout) -> Costs:
         """Two decodes of every verify width at the current context position (so attention length is realistic),

@@ -18,3 +18,11 @@ def user_path(override: str, xdg: str, xdg_default: str, *parts: str) -> Path:
 def model_cache_dir() -> Path:
     """Where edgespec keeps fetched models: ``$EDGESPEC_CACHE``, else ``$XDG_CACHE_HOME/edgespec/models``."""
     return user_path("EDGESPEC_CACHE", "XDG_CACHE_HOME", ".cache", "edgespec", "models")
+
+
+def cost_cache_path() -> Path:
+    """The measured decode costs: ``$EDGESPEC_COST_CACHE`` (a file) when set, else ``.costs.json`` in the model
+    cache. Apart from the models so that a test run, which reads the user's models, can keep its figures (taken on
+    a busy machine) out of the user's file."""
+    explicit = os.environ.get("EDGESPEC_COST_CACHE")
+    return Path(explicit).expanduser() if explicit else model_cache_dir() / ".costs.json"

@@ -2,36 +2,106 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # for stat_tools
 
+# Fixtures that load real GGUF weights: a test that asks for one is marked `real` whatever its file says, so that
+# `make check` (-m "not real and not browser") never loads a model.
+REAL_FIXTURES = {
+    "tiny_model_path", "qwen_target_path", "qwen_draft_path", "qwen_pair", "qwen_bit_exact_pair",
+    "tiny_requantized_path", "gemma_model_path",
+}  # fmt: skip
 
-def _model(name: str) -> Path:
+
+def _user_cache() -> Path:
+    from edgespec.paths import model_cache_dir
+
+    return model_cache_dir()
+
+
+def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``root`` with its size and modification time."""
+    if not root.is_dir():
+        return {}
+    out = {}
+    for path in root.rglob("*"):
+        try:
+            if path.is_file():
+                st = path.stat()
+                out[str(path.relative_to(root))] = (st.st_size, st.st_mtime_ns)
+        except OSError:
+            continue
+    return out
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The decode costs this run measures go to a file of its own, which its tests share (one calibration per
+    # setup for the whole run) and which dies with it: figures taken on a machine busy with tests are no costs
+    # for the user's next chat. Set in the environment, so the servers and CLIs the tests start inherit it.
+    costs = Path(tempfile.mkdtemp(prefix="edgespec-test-costs-")) / "costs.json"
+    os.environ["EDGESPEC_COST_CACHE"] = str(costs)
+    config.stash[_USER_CACHE] = (_user_cache(), _snapshot(_user_cache()))
+
+
+_USER_CACHE = pytest.StashKey[tuple[Path, dict[str, tuple[int, int]]]]()
+_FETCHED = pytest.StashKey[set[str]]()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if REAL_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.real)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run if it changed the user's model cache (beyond fetching the models it needs): tests write into
+    directories of their own."""
+    root, before = session.config.stash[_USER_CACHE]
+    fetched = session.config.stash.get(_FETCHED, set())
+    after = _snapshot(root)
+    changed = sorted(
+        name
+        for name in set(before) | set(after)
+        if before.get(name) != after.get(name) and not any(name.startswith(f) for f in fetched)
+    )
+    if changed:
+        print(f"\nthe test run changed the user's model cache {root}: {', '.join(changed[:10])}", file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _model(name: str, config: pytest.Config) -> Path:
     from edgespec.models.registry import resolve_model
 
-    return resolve_model(name, progress=False)
+    root, before = config.stash[_USER_CACHE]
+    path = resolve_model(name, progress=False)
+    if path.is_relative_to(root) and str(path.relative_to(root)) not in before:  # fetched by this run, as CI does
+        top = path.relative_to(root).parts[0]
+        config.stash.setdefault(_FETCHED, set()).update({top, ".locks"})
+    return path
 
 
 @pytest.fixture(scope="session")
-def tiny_model_path() -> Path:
+def tiny_model_path(pytestconfig: pytest.Config) -> Path:
     """SmolLM2-135M-Instruct Q4_1 (98 MB, 49,152-token vocabulary)."""
-    return _model("smollm2-135m")
+    return _model("smollm2-135m", pytestconfig)
 
 
 @pytest.fixture(scope="session")
-def qwen_target_path() -> Path:
+def qwen_target_path(pytestconfig: pytest.Config) -> Path:
     """Qwen2.5-Coder-1.5B-Instruct Q4_K_M (1.1 GB)."""
-    return _model("qwen2.5-coder-1.5b")
+    return _model("qwen2.5-coder-1.5b", pytestconfig)
 
 
 @pytest.fixture(scope="session")
-def qwen_draft_path() -> Path:
+def qwen_draft_path(pytestconfig: pytest.Config) -> Path:
     """Qwen2.5-Coder-0.5B-Instruct Q4_K_M (0.5 GB), same tokenizer as the target."""
-    return _model("qwen2.5-coder-0.5b")
+    return _model("qwen2.5-coder-0.5b", pytestconfig)
 
 
 @pytest.fixture(scope="session")
@@ -79,9 +149,9 @@ def tiny_requantized_path(tiny_model_path: Path, tmp_path_factory: pytest.TempPa
 
 
 @pytest.fixture(scope="session")
-def gemma_model_path() -> Path:
+def gemma_model_path(pytestconfig: pytest.Config) -> Path:
     """Gemma 3 270M Q4_K_M (253 MB, 262,144-token SentencePiece vocabulary): another architecture and tokenizer."""
-    return _model("gemma3-270m")
+    return _model("gemma3-270m", pytestconfig)
 
 
 @pytest.fixture(scope="session")

@@ -114,3 +114,76 @@ def test_costs_are_measured_again_after_a_reboot_and_the_old_boots_entries_go(
 
     boot_id.unlink()  # no boot id to read (not Linux): the host alone, kept across boots
     assert costs_module.machine_key() == f"vm {costs_module.os.cpu_count()}"
+
+
+# ----- cached costs checked against live decodes --------------------------------------------------------------
+def test_a_cost_check_decides_on_the_median_of_its_samples() -> None:
+    from edgespec.drafters.costs import CostCheck
+
+    holds = CostCheck({1: 0.010, 4: 0.020})
+    assert holds.add(9, 1.0) is None  # a width the cache does not price says nothing
+    assert [holds.add(1, s) for s in (0.011, 0.030, 0.009)] == [None, None, None]
+    assert holds.add(4, 0.021) is True  # one slow decode among four is no new cost level
+    off = CostCheck({1: 0.010})
+    assert [off.add(1, 0.020) for _ in range(4)] == [None, None, None, False]
+    assert off.ratio == pytest.approx(2.0)
+
+
+def _widths_until_a_calibration(decode_calls: list[tuple[int, int]]) -> int | None:
+    """How many decodes came before the first calibration: three one-token decodes, then two of two tokens."""
+    widths = [n for n, _ in decode_calls]
+    return next((i for i in range(len(widths)) if widths[i : i + 5] == [1, 1, 1, 2, 2]), None)
+
+
+@pytest.mark.parametrize("factor", [0.5, 2.0])
+def test_a_cached_curve_that_is_off_is_measured_again_within_the_first_rounds(tmp_path: Path, factor: float) -> None:
+    from fakes import FakeModel
+
+    from edgespec.engine import Engine
+    from edgespec.sampling import SamplingParams
+
+    delay = 0.004  # each fake decode sleeps this long, whatever its width: the true cost
+    params = SamplingParams(temperature=0, max_tokens=24)
+    cache = CostCache(tmp_path / "costs.json")
+    list(Engine(FakeModel(eos_bias=-9, delay=delay), None, cost_cache=cache).stream([3, 5, 7, 5, 3], params))
+    (entry,) = cache.entries()
+    doctored = {b: factor * delay for b in entry.costs.verify}
+    cache.put(entry.key, Costs(doctored, entry.costs.draft, entry.costs.catchup, 0.0))
+
+    target = FakeModel(eos_bias=-9, delay=delay)
+    engine = Engine(target, None, cost_cache=cache)
+    *_, done = engine.stream([3, 5, 7, 5, 3], params)
+    assert done.stats.generated == 24
+    # The prefill, four rounds set against the cache, then the calibration.
+    assert _widths_until_a_calibration(target.decode_calls) == 5
+    (entry,) = cache.entries()
+    assert entry.costs.verify[1] >= delay  # what a decode costs now, not the doctored figure
+    assert engine._lanes[0].auto.verify_cost.curve(2)[1] >= delay  # and what the plans price
+
+
+def test_a_cached_curve_that_holds_is_not_measured_again(tmp_path: Path) -> None:
+    from fakes import FakeModel
+
+    from edgespec.engine import Engine
+    from edgespec.sampling import SamplingParams
+
+    delay = 0.004
+    params = SamplingParams(temperature=0, max_tokens=24)
+    cache = CostCache(tmp_path / "costs.json")
+    list(Engine(FakeModel(eos_bias=-9, delay=delay), None, cost_cache=cache).stream([3, 5, 7, 5, 3], params))
+    (entry,) = cache.entries()
+    cache.put(entry.key, Costs({b: 1.1 * delay for b in entry.costs.verify}, entry.costs.draft, {}, 0.0))
+    target = FakeModel(eos_bias=-9, delay=delay)
+    list(Engine(target, None, cost_cache=cache).stream([3, 5, 7, 5, 3], params))
+    assert _widths_until_a_calibration(target.decode_calls) is None
+
+
+def test_tests_keep_their_costs_out_of_the_users_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # tests/conftest.py points EDGESPEC_COST_CACHE at a file of the run's own; the runtime writes there.
+    from edgespec.paths import cost_cache_path, model_cache_dir
+
+    assert not cost_cache_path().is_relative_to(model_cache_dir())
+    monkeypatch.setenv("EDGESPEC_COST_CACHE", str(tmp_path / "mine.json"))
+    assert cost_cache_path() == tmp_path / "mine.json"
+    monkeypatch.delenv("EDGESPEC_COST_CACHE")
+    assert cost_cache_path() == model_cache_dir() / ".costs.json"

@@ -154,9 +154,9 @@ def threads_section() -> dict[str, Any]:
 def costs_section(now: float | None = None) -> dict[str, Any]:
     """The decode costs cached for this machine, per setup, with their age."""
     from edgespec.drafters.costs import CostCache, key_models, machine_key
-    from edgespec.models.registry import cache_dir
+    from edgespec.paths import cost_cache_path
 
-    cache = CostCache(cache_dir() / ".costs.json")
+    cache = CostCache(cost_cache_path())
     entries = cache.entries(machine_key() + " ")
     if cache.problem is not None:
         raise Problem(f"the cost cache {cache.path} {cache.problem}; the next run measures the costs again")

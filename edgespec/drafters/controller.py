@@ -266,6 +266,16 @@ class VerifyCost:
         self.switch = 0.0  # extra seconds of a decode whose width differs from the previous one's (a new graph)
         self._last_b: int | None = None  # the width of the last decode added
 
+    def forget(self) -> None:
+        """Drop every width's measurements (and the curve worked out from them): a calibration replaces them."""
+        self._by_b.clear()
+        self._values.clear()
+        self._widths.clear()
+        self._sums = [0.0, 0.0, 0.0, 0.0]
+        self._curve = None
+        self._curve_all_measured = False
+        self._last_b = None
+
     def add(self, b: int, seconds: float, *, calibrated: bool = False) -> None:
         """A decode of ``b`` rows took ``seconds``: a round's, right after the last one added, or (``calibrated``) one
         of a calibration's repeated decodes of one width, which reused their graph."""
@@ -551,6 +561,15 @@ class Controller:
         for name, seconds in (catchup or {}).items():
             if name in self._state:
                 self._state[name].catchup.add(seconds)
+
+    def forget_costs(self) -> None:
+        """Drop every cost estimate, the shared curve's with them, for a calibration that replaces them (the engine's,
+        when cached costs turned out not to hold)."""
+        self._verify.forget()
+        for st in self._state.values():
+            st.cost = DecayedRatio(st.cost.decay)
+            st.catchup = DecayedRatio(st.catchup.decay)
+        self._settled = None
 
     def alpha(self, drafter: str) -> float:
         """The acceptance estimate of ``drafter``'s next drafted token (lookup: of its current proposal's first)."""

@@ -49,6 +49,40 @@ def time_decodes(model: Any, token: int, width: int, repeat: int, readout: Reado
     return times
 
 
+class CostCheck:
+    """Costs read from the cache, set against the first live decodes of the widths they price.
+
+    A cache entry is trusted for the rest of the boot, but it may have been measured while the machine was busy
+    (or idle, and now it is busy): a curve that is off misprices every plan until rounds have slowly pulled it
+    back. The first few decodes say whether it still holds: their median ratio to the cached cost, beyond
+    ``tolerance`` either way, means measuring again. Decodes on these machines spread by 7-15 % one to the next
+    and drift by about 10 % over tens of seconds, so a median of a few that is off by half is no noise.
+    """
+
+    def __init__(self, verify: dict[int, float], samples: int = 4, tolerance: float = 1.5) -> None:
+        self.verify = verify
+        self.samples = samples
+        self.tolerance = tolerance
+        self.ratios: list[float] = []
+
+    def add(self, width: int, seconds: float) -> bool | None:
+        """One live decode of ``width`` tokens: None while undecided, then True (the cache holds) or False (it is off:
+        measure again)."""
+        cached = self.verify.get(width)
+        if cached is None or cached <= 0:
+            return None
+        self.ratios.append(seconds / cached)
+        if len(self.ratios) < self.samples:
+            return None
+        ratio = statistics.median(self.ratios)
+        return 1 / self.tolerance <= ratio <= self.tolerance
+
+    @property
+    def ratio(self) -> float:
+        """Live over cached, the median so far."""
+        return statistics.median(self.ratios) if self.ratios else 1.0
+
+
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")  # Linux: a new random id at every boot
 
 
