@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from biased_verifiers import accept_if_p_at_least_q, resample_from_p, token_match
+from dense import densify
 from exact_reference import output_checks, reference_warp
 from fakes import EOS, FakeModel
 from stat_tools import worst
@@ -14,7 +15,7 @@ from test_engine import exact_output_joint
 from edgespec.constraint import Constraint, Grammar, Mask
 from edgespec.engine import Engine
 from edgespec.errors import InvalidParameterError, ModelError
-from edgespec.sampling import Candidates, NeedWholeRow, SamplingParams, densify, readout_for, warp_row
+from edgespec.sampling import Candidates, NeedWholeRow, SamplingParams, readout_for, warp_row
 
 MARGIN = 2.0
 # On a 26-token fake (token t writes chr(ord("a") + t), token 0 ends the generation) this regex allows, by output
@@ -103,6 +104,16 @@ def test_masks_fork_along_the_draft_and_only_committed_tokens_advance_the_state(
         c.mask([1], 1)  # "b" where only "f" may stand
     c.commit([5])
     assert c.complete and allowed(c.mask([], 0)) == pairs_allowed([2, 5, 4, 5])
+
+
+def test_each_request_gets_a_matcher_of_its_own_though_it_is_built_once_per_model_and_grammar() -> None:
+    model = FakeModel(n_vocab=V)
+    first = Constraint(PAIRS, model, model.is_eog)
+    first.commit([2, 5, 3])
+    second = Constraint(PAIRS, model, model.is_eog)  # a copy of the one built for the first request
+    assert allowed(second.mask([], 0)) == pairs_allowed([])  # not where the first one stands
+    assert allowed(first.mask([], 0)) == pairs_allowed([2, 5, 3])
+    assert len(model._constraint_matchers) == 1
 
 
 def test_a_draft_that_ends_the_output_leaves_the_fork_and_the_state_intact() -> None:
