@@ -23,24 +23,51 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from edgespec.sampling import SamplingParams
+
+class PenaltySettings(Protocol):
+    """The settings this module reads: :class:`~edgespec.sampling.SamplingParams` has them (and checks their
+    ranges)."""
+
+    @property
+    def repeat_penalty(self) -> float:
+        """llama.cpp's repeat penalty (1 = off)."""
+        ...
+
+    @property
+    def repeat_last_n(self) -> int:
+        """The window the three penalties count over."""
+        ...
+
+    @property
+    def presence_penalty(self) -> float:
+        """OpenAI's presence penalty, -2..2 (0 = off)."""
+        ...
+
+    @property
+    def frequency_penalty(self) -> float:
+        """OpenAI's frequency penalty, -2..2 (0 = off)."""
+        ...
+
+    @property
+    def logit_bias(self) -> Sequence[tuple[int, float]]:
+        """(token id, bias) pairs, sorted by token id."""
+        ...
 
 
-def counting(params: SamplingParams) -> bool:
+def counting(params: PenaltySettings) -> bool:
     """Whether a penalty is on (they count the window's tokens; a logit bias alone does not)."""
     return params.repeat_penalty != 1 or params.presence_penalty != 0 or params.frequency_penalty != 0
 
 
-def active(params: SamplingParams) -> bool:
+def active(params: PenaltySettings) -> bool:
     return counting(params) or bool(params.logit_bias)
 
 
-def only_lowers(params: SamplingParams) -> bool:
+def only_lowers(params: PenaltySettings) -> bool:
     """True when no logit can rise: then the raw top-``k + m`` holds the penalised top-k."""
     return (
         params.repeat_penalty >= 1
@@ -50,7 +77,7 @@ def only_lowers(params: SamplingParams) -> bool:
     )
 
 
-def candidates_needed(params: SamplingParams, top_k: int) -> int:
+def candidates_needed(params: PenaltySettings, top_k: int) -> int:
     """How many raw top candidates hold the top-``top_k`` after penalties that only lower (see the module doc)."""
     lowered = (params.repeat_last_n if counting(params) else 0) + sum(1 for _, b in params.logit_bias if b < 0)
     return top_k + lowered
@@ -104,7 +131,7 @@ class RowWindows(Sequence[Counter[int]]):
         return counts
 
 
-def penalize_list(ids: list[int], logits: list[float], counts: Counter[int], params: SamplingParams) -> list[float]:
+def penalize_list(ids: list[int], logits: list[float], counts: Counter[int], params: PenaltySettings) -> list[float]:
     """The candidates' logits after bias and penalties."""
     out = list(logits)
     # Only the few candidates with a bias or in the window change: found by C-level set and list operations, not a
@@ -122,7 +149,7 @@ def penalize_list(ids: list[int], logits: list[float], counts: Counter[int], par
     return out
 
 
-def penalize_row(logits: np.ndarray, counts: Counter[int], params: SamplingParams) -> np.ndarray:
+def penalize_row(logits: np.ndarray, counts: Counter[int], params: PenaltySettings) -> np.ndarray:
     """A whole row (``[n_vocab]``), penalised: a copy."""
     x = logits.astype(np.float64)
     for t, b in params.logit_bias:

@@ -527,20 +527,3 @@ def sample(dist: Dist, rng: Uniforms) -> int:
     if i >= len(probs) or probs[i] == 0:  # rounding at the very top end: the last token with mass
         i = max(j for j, w in enumerate(probs) if w > 0)
     return dist.ids[i]
-
-
-def densify(dists: Sequence[Dist], n_vocab: int) -> np.ndarray:
-    """The dense ``[R, n_vocab]`` probability rows of ``dists`` (``[n_vocab]`` for one row); for tests and
-    diagnostics, not the hot path."""
-    out = np.zeros((len(dists), n_vocab))
-    for r, d in enumerate(dists):
-        np.add.at(out[r], np.asarray(d.ids, dtype=np.int64), d.probs)
-    return out[0] if len(dists) == 1 else out
-
-
-def from_probs(probs: Sequence[float]) -> Dist:
-    """A :class:`Dist` from a dense probability vector (zeros dropped, sorted), for tests and diagnostics."""
-    p = np.asarray(probs, dtype=np.float64)
-    ids = np.flatnonzero(p > 0)
-    ids = ids[np.argsort(-p[ids], kind="stable")]
-    return Dist(ids.tolist(), (p[ids] / p[ids].sum()).tolist())

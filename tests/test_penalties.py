@@ -8,11 +8,12 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from dense import densify
 from exact_reference import reference_penalize
 
 from edgespec.errors import InvalidParameterError
 from edgespec.penalties import penalize_list, penalize_row, window, windows
-from edgespec.sampling import LOGITS, Candidates, Readout, SamplingParams, densify, readout_for, warp_row
+from edgespec.sampling import LOGITS, Candidates, Readout, SamplingParams, readout_for, warp_row
 
 V = 50
 

@@ -7,6 +7,7 @@ import random
 
 import numpy as np
 import pytest
+from dense import densify
 from stat_tools import fits
 
 from edgespec.errors import InvalidParameterError, ModelError
@@ -17,7 +18,6 @@ from edgespec.sampling import (
     Dist,
     Readout,
     SamplingParams,
-    densify,
     readout_for,
     sample,
     warp,

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from dense import densify, from_probs
 from stat_tools import fits
 
-from edgespec.sampling import Dist, densify, from_probs
+from edgespec.sampling import Dist
 from edgespec.verify import residual, verify_greedy, verify_stochastic
 
 
