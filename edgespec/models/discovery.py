@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from edgespec.errors import ModelError
+from edgespec.models.catalog import load_registry
 from edgespec.models.gguf import GGUFInfo, preflight
 from edgespec.models.hub import hf_cache_dir, is_model_file, split_info
 from edgespec.models.vocab import fingerprint
@@ -149,8 +150,6 @@ def scan(folders: Sequence[Path] | None = None, reserved: Sequence[str] | None =
     ``reserved`` are names ids must not take (default: the registry's model and pair names).
     """
     if folders is None or reserved is None:
-        from edgespec.models.registry import load_registry
-
         registry = load_registry()
         folders = registry.scan_folders if folders is None else folders
         reserved = [*registry.models, *registry.pairs] if reserved is None else reserved

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgespec.errors import ModelError
+from edgespec.models.catalog import load_registry
 from edgespec.models.discovery import ModelFacts, ScanResult, inspect, scan
 from edgespec.models.vocab import incompatibility
 
@@ -93,8 +94,7 @@ def _same_file(a: Path, b: Path) -> bool:
 
 def draft_candidates(target: Path, scanned: ScanResult | None = None) -> list[Candidate]:
     """The registry's cached models and the scanned ones, each file once, the target itself left out."""
-    from edgespec.models.fetch import cached_path
-    from edgespec.models.registry import load_registry
+    from edgespec.models.fetch import cached_path  # lazy: its imports (tqdm, filelock) only when drafts are sought
 
     scanned = scanned if scanned is not None else scan()
     out: list[Candidate] = []

@@ -32,13 +32,13 @@ from filelock import FileLock, Timeout
 from tqdm import tqdm
 
 from edgespec.errors import EdgespecError, ModelError, ModelNotFoundError
+from edgespec.models.catalog import ModelSpec, PackRecipe, cache_dir, model_dir
 from edgespec.models.hub import HubRef, cached_hub, fetch_hub, hf_cache_dir, hub_endpoint, offline_reason, verify_hub
 from edgespec.models.progress import CHUNK as _CHUNK
 from edgespec.models.progress import SilentTqdm
 from edgespec.models.progress import bar as _bar
 from edgespec.models.progress import hash_file as _hash_file
 from edgespec.models.progress import say as _say
-from edgespec.models.registry import ModelSpec, PackRecipe, cache_dir, model_dir
 
 __all__ = ["cache_path", "cached_path", "ensure_model", "remove_cached", "verify_cached"]
 
