@@ -19,6 +19,7 @@ import numpy as np
 
 from edgespec.errors import EdgespecError
 from edgespec.models.backend import Model
+from edgespec.models.slot import sync
 from edgespec.sampling import LOGITS, Candidates, Readout, Scores
 
 
@@ -30,7 +31,7 @@ class Recorder:
     """A :class:`Model` that keeps what each scoring decode returned and how far each truncation went (everything
     else is the model's own)."""
 
-    sync = Model.sync  # the prefix reuse, through this decode and truncate
+    sync = sync  # the prefix reuse, through this decode and truncate
 
     def __init__(self, model: Model) -> None:
         self._model = model
@@ -62,7 +63,7 @@ class Replay:
     between is counted as the model's (``busy_seconds``), so what a run measures outside is the loop alone.
     Decodes without rows (a prefill) only move the positions. Text, vocabulary and limits are the model's."""
 
-    sync = Model.sync  # the real prefix reuse, on this decode and truncate
+    sync = sync  # the real prefix reuse, on this decode and truncate
 
     def __init__(self, recorder: Recorder) -> None:
         self._model = recorder._model

@@ -1,6 +1,7 @@
 """A fake llama.cpp model: logits are a deterministic function of the token prefix, so the engine's bookkeeping
 (KV positions, rollback, pending tokens, stops) can be tested in milliseconds and the exact output distribution
-is computable."""
+is computable. :class:`FakeModel` offers all of :class:`~edgespec.models.slot.KVModel`, :class:`FakeSlot` all of
+:class:`~edgespec.models.slot.KVSlot`, as the real Model and Slot do."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edgespec.models.backend import Model
+from edgespec.models.slot import MAX_ROWS, sync
 from edgespec.sampling import LOGITS, Candidates, Readout, Scores
 
 EOS = 0
@@ -49,6 +50,7 @@ class FakeModel:
         self.description = f"fake {n_vocab}-token model"
         self.placement = "CPU"
         self.bit_exact = False
+        self.max_verify_rows = MAX_ROWS  # a test may narrow it, as a bit-exact Model has it
         self.n_params = 0
         # Sequences as the real Model has them: slot 0 is the model itself, the others share its rows
         self.slots = [self] + [FakeSlot(self, i) for i in range(1, n_seq)]
@@ -65,7 +67,11 @@ class FakeModel:
         self.batches.append([len(rows) for _, _, rows, _ in parts])
         return [slot.decode(tokens, rows, readout) for slot, tokens, rows, readout in parts]
 
-    sync = Model.sync  # the real prefix-reuse logic, on the fake's decode/truncate
+    def decode_passes(self, tokens_by_seq) -> list[int]:
+        """One forward pass for every batched decode (the fake has no micro-batches)."""
+        return [sum(tokens_by_seq.values())]
+
+    sync = sync  # the real prefix-reuse logic, on the fake's decode/truncate
 
     def logits_after(self, prefix: Sequence[int]) -> np.ndarray:
         """Next-token logits given the whole prefix (depends on the last two tokens and the length's parity)."""
@@ -165,7 +171,7 @@ class FakeSlot:
         self.kv_tokens = list(source.kv_tokens[:n])
         self.model.copies.append((source.seq_id, self.seq_id, n))
 
-    sync = Model.sync
+    sync = sync
 
     def __getattr__(self, name: str):
         return getattr(self.model, name)

@@ -304,7 +304,7 @@ def test_a_build_with_amx_kernels_loads_weights_without_them_and_says_so_once(
 ) -> None:
     """llama.cpp's AMX kernels crash on a K-quant batch of 2+ tokens (a segfault, seen on a Sapphire Rapids CPU):
     where the build has them, weights load without the extra buffer types that would hold them."""
-    from edgespec.models import backend
+    from edgespec.models import devices
 
     seen: list[bool] = []
     load = llama_cpp.llama_model_load_from_file
@@ -314,12 +314,12 @@ def test_a_build_with_amx_kernels_loads_weights_without_them_and_says_so_once(
         return load(path, params)
 
     monkeypatch.setattr(llama_cpp, "llama_model_load_from_file", spy)
-    monkeypatch.setattr(backend, "_amx_said", False)
+    monkeypatch.setattr(devices, "_amx_said", False)
     without = "CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 1 | AVX512_VNNI = 1 | REPACK = 1 |"
     with_amx = "CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 1 | AVX512_VNNI = 1 | AMX_INT8 = 1 | REPACK = 1 |"
     for info in (without, with_amx, with_amx):
-        monkeypatch.setattr(backend, "system_info", lambda info=info: info)
-        with caplog.at_level(logging.WARNING, logger="edgespec.models.backend"):
+        monkeypatch.setattr(devices, "system_info", lambda info=info: info)
+        with caplog.at_level(logging.WARNING, logger="edgespec.models.devices"):
             Model(tiny_model_path, n_ctx=64).close()
     assert seen == [True, False, False]
     said = [r for r in caplog.records if "AMX" in r.getMessage()]

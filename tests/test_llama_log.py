@@ -31,8 +31,8 @@ def test_an_abort_in_ggml_prints_its_message_and_no_backtrace(tmp_path: Path) ->
     # What a GGML_ASSERT does when it fails, called directly: ggml_abort with a message.
     code = """
 import ctypes, pathlib, llama_cpp
-from edgespec.models.backend import _init_backend
-_init_backend()
+from edgespec.models.llama_init import init_backend
+init_backend()
 ggml = ctypes.CDLL(str(pathlib.Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"))
 ggml.ggml_abort(b"llama-vocab.cpp", 2544, b"GGML_ASSERT(%s) failed", b"id_to_token.size() == token_to_id.size()")
 """

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec.models import backend
+from edgespec.models import devices as machine
 from edgespec.models.offload import ALL_LAYERS, RESERVE_BYTES, Need, describe, plan_layers
 
 GB = 1 << 30
@@ -41,14 +41,14 @@ def test_placement_is_said_in_words() -> None:
 def test_auto_follows_what_this_build_has(tiny_model_path) -> None:
     """Asked of the backend, not assumed: a CPU-only build has no device and auto plans nothing; a GPU build puts
     the 98 MB model whole on the GPU (when it has that much free)."""
-    devices = backend.gpu_devices()
-    if not backend.gpu_offload_supported():
+    devices = machine.gpu_devices()
+    if not machine.gpu_offload_supported():
         assert devices == []
-    layers = backend.auto_gpu_layers([(tiny_model_path, 4096)])
+    layers = machine.auto_gpu_layers([(tiny_model_path, 4096)])
     if not devices:
         assert layers == [0]
         return
-    shape = backend.model_shape(tiny_model_path)
+    shape = machine.model_shape(tiny_model_path)
     need = Need(tiny_model_path.stat().st_size, shape.n_layer, shape.kv_bytes_per_token * 4096)
     free = sum(d.free for d in devices)
     if free >= RESERVE_BYTES + 2 * (need.weights + need.kv_bytes):  # room to spare, even if memory moves a little
@@ -59,11 +59,11 @@ def test_auto_follows_what_this_build_has(tiny_model_path) -> None:
 
 @pytest.mark.real
 def test_auto_plans_from_the_devices_free_memory(tiny_model_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    shape = backend.model_shape(tiny_model_path)  # read by llama.cpp without loading weights
+    shape = machine.model_shape(tiny_model_path)  # read by llama.cpp without loading weights
     assert shape.n_layer == 30 and shape.kv_bytes_per_token > 0
-    monkeypatch.setattr(backend, "gpu_devices", lambda: [backend.Device("GPU0", 8 * GB, 8 * GB)])
-    assert backend.auto_gpu_layers([(tiny_model_path, 4096), (tiny_model_path, 4096)]) == [-1, -1]
+    monkeypatch.setattr(machine, "gpu_devices", lambda: [machine.Device("GPU0", 8 * GB, 8 * GB)])
+    assert machine.auto_gpu_layers([(tiny_model_path, 4096), (tiny_model_path, 4096)]) == [-1, -1]
     tight = RESERVE_BYTES + tiny_model_path.stat().st_size // 2
-    monkeypatch.setattr(backend, "gpu_devices", lambda: [backend.Device("GPU0", tight, 8 * GB)])
-    target, draft = backend.auto_gpu_layers([(tiny_model_path, 4096), (tiny_model_path, 4096)])
+    monkeypatch.setattr(machine, "gpu_devices", lambda: [machine.Device("GPU0", tight, 8 * GB)])
+    target, draft = machine.auto_gpu_layers([(tiny_model_path, 4096), (tiny_model_path, 4096)])
     assert 0 < target < 30 and draft == 0

@@ -17,7 +17,7 @@ from textual.widgets import Markdown
 from edgespec.chat.history import ChatStore
 from edgespec.errors import ModelNotFoundError
 from edgespec.events import Chunk
-from edgespec.models import backend
+from edgespec.models import devices
 from edgespec.sampling import SamplingParams
 from tui.app import ChatApp
 from tui.screens import HelpScreen, LoadingPanel
@@ -110,7 +110,7 @@ def test_reply_meter_and_highlighting(runtime, store):
             # The status line says where each model runs (-ngl auto: the CPU on a build without a GPU).
             status = str(app.query_one(StatusLine).describe())
             placement = runtime.target.placement
-            on_gpu = bool(backend.gpu_devices())
+            on_gpu = bool(devices.gpu_devices())
             assert placement.startswith("GPU (") if on_gpu else placement == "CPU"
             assert "target SmolLM2" in status and f" · {placement}" in status and "draft  SmolLM2" in status
 

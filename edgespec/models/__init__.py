@@ -1,2 +1,2 @@
-"""Models: the llama.cpp backend (the only llama_cpp importer), the registry, fetching, GGUF preflight and chat
-templates."""
+"""Models: the llama.cpp layer (backend.py with devices, readout, batch and llama_init: the only llama_cpp
+importers), the registry, fetching, discovery, GGUF preflight and chat templates."""

@@ -1,238 +1,64 @@
-"""The llama.cpp adapter: the only module that imports llama_cpp.
+"""A loaded model on llama.cpp, and its sequences (:class:`Slot`).
 
 One :class:`Model` is a loaded GGUF with its own context (KV cache) on sequence 0. The engine talks to it in four
 verbs: ``tokenize``, ``decode`` (tokens at positions, scores only at the rows asked for), ``truncate`` (drop the
-KV from a position on) and ``piece`` (token → bytes). Everything is the low-level C API, so a verify of γ+1
-tokens is one ``llama_decode`` whose output buffer holds γ+1 rows, never n_ctx × n_vocab.
+KV from a position on) and ``piece`` (token → bytes); what a lane asks of it is :class:`~edgespec.models.slot.KVSlot`.
+Everything is the low-level C API, so a verify of γ+1 tokens is one ``llama_decode`` whose output buffer holds γ+1
+rows, never n_ctx × n_vocab.
 
 What a decode hands back per row is a :class:`~edgespec.sampling.Readout`: whole logits rows, or only what
-sampling needs, selected inside llama.cpp's decode graph by a backend sampler chain on sequence 0 (each row's
-argmax, or its top-k tokens with their logits; with log-probabilities, also the row's softmax normaliser). A GPU
-then copies k numbers a row instead of 150k, and the CPU side never touches a vocabulary-sized array. The chain is
-swapped only when the readout changes (llama.cpp then re-plans its compute graph once), which is per request at
-most.
+sampling needs, selected inside llama.cpp's decode graph by a backend sampler chain on the sequence
+(:mod:`edgespec.models.readout`: each row's argmax, or its top-k tokens with their logits; with log-probabilities,
+also the row's softmax normaliser). A GPU then copies k numbers a row instead of 150k, and the CPU side never
+touches a vocabulary-sized array. The chain is swapped only when the readout changes (llama.cpp then re-plans its
+compute graph once), which is per request at most.
+
+The llama.cpp layer: this module, with :mod:`~edgespec.models.llama_init` (process setup),
+:mod:`~edgespec.models.devices` (devices, threads, offload), :mod:`~edgespec.models.readout` (reading rows out) and
+:mod:`~edgespec.models.batch` (the token batch), are the only modules that import llama_cpp. The device functions
+are re-exported here, where callers import them.
 """
 
 from __future__ import annotations
 
 import ctypes
-import logging
-import math
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
-import numpy as np
 
 from edgespec.errors import ContextOverflowError, ModelError
+from edgespec.models.batch import Batch
+from edgespec.models.devices import (  # noqa: F401  # re-exported: imported from here by api, cli and tests
+    Device,
+    Shape,
+    amx_kernels,
+    auto_gpu_layers,
+    backend_devices,
+    backend_names,
+    default_threads,
+    gpu_devices,
+    gpu_offload_supported,
+    model_shape,
+    offload_needs,
+    system_info,
+)
+from edgespec.models.llama_init import init_backend
 from edgespec.models.llama_thread import runs_on_llama_thread
 from edgespec.models.microbatch import decode_passes, fill_gaps
-from edgespec.models.offload import Need, describe, plan_layers
-from edgespec.sampling import LOGITS, Candidates, Readout, Scores
+from edgespec.models.offload import describe
+from edgespec.models.readout import SequenceSampler, allocate, emulate, finish_candidates, read_rows
+from edgespec.models.slot import MAX_ROWS, common_prefix, sync  # noqa: F401  # common_prefix: re-exported
+from edgespec.sampling import LOGITS, Readout, Scores
 
-# Rows one decode may score: the widest verify (γ ≤ 64, plus the pending token). llama.cpp sizes its output
-# buffers and, with a backend sampler, one sampling subgraph per row by this, so it is not left at n_batch.
-MAX_ROWS = 65
 # ggml-cpu runs K-quant matmuls of 8 rows or more through a tiled kernel (ggml_tiled_min_batch), which rounds
 # differently from the per-row dot products of smaller batches: a bit-exact verify stays below it.
 BIT_EXACT_MAX_ROWS = 7
 GGML_TYPE_BF16 = 30  # enum ggml_type
 FILLER_TOKEN = 0  # what a sequence in a gap decodes (and drops): any token will do
-
-log = logging.getLogger("edgespec.models.backend")
-
-# ggml log levels: 0 none, 1 debug, 2 info, 3 warn, 4 error, 5 continuation of the previous line.
-_GGML_LOG_WARN, _GGML_LOG_ERROR, _GGML_LOG_CONT = 3, 4, 5
-# llama.cpp's own log, as its own logger: `edgespec -v` shows its warnings and errors, never more by default.
-_llama_log = logging.getLogger("llama.cpp")
-_last_log_level = logging.DEBUG
-
-
-@llama_cpp.llama_log_callback
-def _forward_llama_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
-    # llama.cpp is chatty on stderr (every tensor on load), and a file it refuses gets several lines of errors
-    # before edgespec's own one-line message. Route all of it through Python logging so the CLI and the TUI own the
-    # terminal: warnings and errors at INFO (shown with -v), the rest at DEBUG.
-    global _last_log_level
-    if level != _GGML_LOG_CONT:
-        _last_log_level = logging.INFO if level in (_GGML_LOG_WARN, _GGML_LOG_ERROR) else logging.DEBUG
-    message = text.decode("utf-8", errors="replace").rstrip()
-    if message and _llama_log.isEnabledFor(_last_log_level):
-        _llama_log.log(_last_log_level, message)
-
-
-_backend_ready = False
-
-
-def _init_backend() -> None:
-    global _backend_ready
-    if not _backend_ready:
-        if not os.environ.get("EDGESPEC_LLAMA_LOG"):
-            llama_cpp.llama_log_set(_forward_llama_log, ctypes.c_void_p(0))
-            # When llama.cpp aborts (a GGML_ASSERT), ggml prints a backtrace, attaching gdb when it finds one,
-            # unless this is set when the abort happens (ggml_print_backtrace in ggml.c). A user gets the one-line
-            # assertion instead of a debugger session; EDGESPEC_LLAMA_LOG=1 keeps llama.cpp's raw output, backtrace
-            # included, for debugging.
-            os.environ.setdefault("GGML_NO_BACKTRACE", "1")
-        llama_cpp.llama_backend_init()
-        _backend_ready = True
-
-
-def gpu_offload_supported() -> bool:
-    """Whether this llama-cpp-python build can offload layers (CUDA, Metal, Vulkan, ...)."""
-    return bool(llama_cpp.llama_supports_gpu_offload())
-
-
-@dataclass(frozen=True)
-class Device:
-    name: str
-    free: int  # bytes
-    total: int
-    kind: str = "GPU"  # ggml's device type: "CPU", "GPU", "iGPU" or "ACCEL"
-    description: str = ""
-
-
-_DEVICE_KINDS = {0: "CPU", 1: "GPU", 2: "iGPU", 3: "ACCEL"}  # enum ggml_backend_dev_type
-_libggml = None
-
-
-def _ggml():
-    """llama-cpp-python's handle on libggml, with the backend registry and device calls it does not bind."""
-    global _libggml
-    if _libggml is None:
-        from llama_cpp._ggml import libggml
-
-        size_p = ctypes.POINTER(ctypes.c_size_t)
-        for name, restype, argtypes in (
-            ("ggml_backend_reg_count", ctypes.c_size_t, []),
-            ("ggml_backend_reg_get", ctypes.c_void_p, [ctypes.c_size_t]),
-            ("ggml_backend_reg_name", ctypes.c_char_p, [ctypes.c_void_p]),
-            ("ggml_backend_dev_count", ctypes.c_size_t, []),
-            ("ggml_backend_dev_get", ctypes.c_void_p, [ctypes.c_size_t]),
-            ("ggml_backend_dev_type", ctypes.c_int, [ctypes.c_void_p]),
-            ("ggml_backend_dev_name", ctypes.c_char_p, [ctypes.c_void_p]),
-            ("ggml_backend_dev_description", ctypes.c_char_p, [ctypes.c_void_p]),
-            ("ggml_backend_dev_memory", None, [ctypes.c_void_p, size_p, size_p]),
-        ):
-            fn = getattr(libggml, name)
-            fn.restype, fn.argtypes = restype, argtypes
-        _libggml = libggml
-    return _libggml
-
-
-def backend_names() -> list[str]:
-    """The ggml backends this llama.cpp build has compiled in ("CPU", "CUDA", "Metal", ...)."""
-    _init_backend()
-    ggml = _ggml()
-    return [ggml.ggml_backend_reg_name(ggml.ggml_backend_reg_get(i)).decode(errors="replace")
-            for i in range(ggml.ggml_backend_reg_count())]  # fmt: skip
-
-
-def backend_devices() -> list[Device]:
-    """Every device ggml can run on (the CPU included), with its free memory."""
-    _init_backend()
-    ggml = _ggml()
-    found = []
-    for i in range(ggml.ggml_backend_dev_count()):
-        dev = ggml.ggml_backend_dev_get(i)
-        free, total = ctypes.c_size_t(), ctypes.c_size_t()
-        ggml.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
-        found.append(
-            Device(
-                ggml.ggml_backend_dev_name(dev).decode(errors="replace"),
-                free.value,
-                total.value,
-                _DEVICE_KINDS.get(ggml.ggml_backend_dev_type(dev), "?"),
-                (ggml.ggml_backend_dev_description(dev) or b"").decode(errors="replace"),
-            )
-        )
-    return found
-
-
-def gpu_devices() -> list[Device]:
-    """The GPUs llama.cpp can offload to, with their free memory (empty on a CPU-only build)."""
-    _init_backend()
-    if not gpu_offload_supported():
-        return []
-    return [d for d in backend_devices() if d.kind in ("GPU", "iGPU")]
-
-
-def amx_kernels() -> bool:
-    """Whether this llama.cpp build runs weights through its AMX kernels on this CPU.
-
-    They crash the process on the first decode of more than one token with K-quant weights (a segfault in
-    ggml_backend_amx_mul_mat on a 2-token decode of the Qwen 1.5B Q4_K_M; llama.cpp issue 20824), and llama.cpp
-    has no switch for them alone: a model loaded with such a build goes without weight repacking (plain decoding
-    of the 1.5B measured 12.5 tok/s on that CPU, and 14.6 with `make setup`'s build without AMX, which repacks).
-    Said once.
-    """
-    global _amx_said
-    found = "AMX_INT8 = 1" in system_info()
-    if found and not _amx_said:
-        _amx_said = True
-        log.warning(
-            "this llama.cpp build has AMX kernels, which crash on batches of K-quant weights (llama.cpp issue "
-            "20824): weights load without repacking, slower; `make setup` builds llama-cpp-python without them"
-        )
-    return found
-
-
-_amx_said = False
-
-
-def system_info() -> str:
-    """llama.cpp's one line on what this build uses (CPU features, backends)."""
-    _init_backend()
-    return llama_cpp.llama_print_system_info().decode(errors="replace").strip()
-
-
-@dataclass(frozen=True)
-class Shape:
-    """What offload planning needs to know of a model before loading its weights."""
-
-    n_layer: int
-    kv_bytes_per_token: int  # K and V, all layers, f16
-
-
-def model_shape(path: str | os.PathLike) -> Shape:
-    """Layer count and KV size per token, read by llama.cpp without allocating or reading any weights."""
-    _init_backend()
-    params = llama_cpp.llama_model_default_params()
-    params.no_alloc = True
-    params.load_mode = 0  # LLAMA_LOAD_MODE_NONE: llama.cpp asserts that a no-alloc load maps nothing
-    params.n_gpu_layers = 0
-    model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
-    if not model:
-        raise ModelError(f"llama.cpp could not read {path} (not a GGUF model it supports, or corrupt)")
-    try:
-        n_layer = int(llama_cpp.llama_model_n_layer(model))
-        n_head = max(int(llama_cpp.llama_model_n_head(model)), 1)
-        head_dim = int(llama_cpp.llama_model_n_embd(model)) // n_head
-        kv = 2 * n_layer * int(llama_cpp.llama_model_n_head_kv(model)) * head_dim * 2
-    finally:
-        llama_cpp.llama_model_free(model)
-    return Shape(n_layer, kv)
-
-
-def offload_needs(models: Sequence[tuple[str | os.PathLike, int]]) -> list[Need]:
-    """What each ``(path, n_ctx)`` would take on a GPU: its weights (the file size), layers and KV cache."""
-    needs = []
-    for path, n_ctx in models:
-        shape = model_shape(path)
-        needs.append(Need(Path(path).stat().st_size, shape.n_layer, shape.kv_bytes_per_token * n_ctx))
-    return needs
-
-
-def auto_gpu_layers(models: Sequence[tuple[str | os.PathLike, int]]) -> list[int]:
-    """``n_gpu_layers`` for each ``(path, n_ctx)``, offloading what fits the GPUs' free memory (0 without a GPU)."""
-    devices = gpu_devices()
-    if not devices:
-        return [0] * len(models)
-    return plan_layers(sum(d.free for d in devices), offload_needs(models))
-
 
 def describe_model(llama_desc: str, n_params: int) -> str:
     """llama.cpp's "arch size quant" with the size from the parameter count. llama.cpp's size is a label for the
@@ -244,13 +70,6 @@ def describe_model(llama_desc: str, n_params: int) -> str:
     if n_params <= 0:
         return llama_desc
     return " ".join(part for part in (arch, f"{format_params(n_params)} params", quant) if part)
-
-
-def default_threads() -> int:
-    # llama.cpp's default is the number of physical cores; os.cpu_count() counts logical ones, and on most
-    # machines with SMT the physical count is half.
-    n = os.cpu_count() or 2
-    return max(1, n // 2) if n > 4 else n
 
 
 @dataclass(frozen=True)
@@ -272,100 +91,6 @@ def _ascending_within(rows: Sequence[int], n: int) -> bool:
     return len(rows) == 1 or isinstance(rows, range) or all(a < b for a, b in zip(rows[:-1], rows[1:], strict=True))
 
 
-def _allocate(readout: Readout, n_rows: int, n_vocab: int) -> Scores:
-    if readout.kind == "argmax":
-        return []
-    if readout.kind == "top_k":
-        return Candidates([], [], [] if readout.log_norm else None)
-    return np.empty((n_rows, n_vocab), dtype=np.float32)
-
-
-def _emulate(readout: Readout, logits: np.ndarray) -> Scores:
-    """What ``readout`` would have selected in llama.cpp's graph, from whole logits rows."""
-    if readout.kind == "argmax":
-        return logits.argmax(axis=1).tolist()
-    if readout.kind == "top_k":
-        ids = np.argpartition(logits, -readout.k, axis=1)[:, -readout.k :]
-        log_z = None
-        if readout.log_norm:
-            shift = logits.max(axis=1, keepdims=True)
-            log_z = (shift[:, 0] + np.log(np.exp(logits - shift).sum(axis=1, dtype=np.float64))).tolist()
-        return Candidates(ids.tolist(), np.take_along_axis(logits, ids, axis=1).tolist(), log_z)
-    return logits
-
-
-# ----- the log-normaliser, in llama.cpp's graph ---------------------------------------------------------------
-# A log-probability needs its row's softmax normaliser Z, a sum over the whole vocabulary: reading 150k logits a
-# row out of llama.cpp to sum them in numpy cost ~5x the rest of the loop (`bench --loop-cost
-# --with-penalties-logprobs`). Instead a backend sampler of our own, first in the chain, adds to each row's graph
-# the softmax probability of the row's argmax, p_max = exp(max) / Z, handed back as the row's one "probability";
-# then log Z = max - log(p_max), with max the best of the top-k candidates read anyway. p_max >= 1/n_vocab never
-# underflows, so the float32 result is good to ~1e-7. It is a sampler in ggml only: llama.cpp never calls its CPU
-# side when the chain runs in the graph, and a chain llama.cpp refuses is emulated from whole rows (_emulate).
-def _ggml_function(name: str, argtypes: list, restype):
-    from llama_cpp._ggml import libggml  # llama.cpp's own ggml (libggml, which loads libggml-base)
-
-    function = getattr(libggml, name)
-    function.argtypes, function.restype = argtypes, restype
-    return function
-
-
-_ptr = ctypes.c_void_p
-_ggml_reshape_2d = _ggml_function("ggml_reshape_2d", [_ptr, _ptr, ctypes.c_int64, ctypes.c_int64], _ptr)
-_ggml_soft_max = _ggml_function("ggml_soft_max", [_ptr, _ptr], _ptr)
-_ggml_argmax = _ggml_function("ggml_argmax", [_ptr, _ptr], _ptr)
-_ggml_get_rows = _ggml_function("ggml_get_rows", [_ptr, _ptr, _ptr], _ptr)
-_ggml_nelements = _ggml_function("ggml_nelements", [_ptr], ctypes.c_int64)
-
-
-def _log_norm_graph(_smpl, ctx, _graph, data) -> None:
-    """backend_apply: ``data.probs`` = the softmax of ``data.logits`` (one row) at its argmax."""
-    data = data.contents
-    n = _ggml_nelements(data.logits)
-    row = _ggml_reshape_2d(ctx, data.logits, n, 1)
-    column = _ggml_reshape_2d(ctx, _ggml_soft_max(ctx, row), 1, n)  # get_rows picks rows: one per token
-    data.probs = _ggml_get_rows(ctx, column, _ggml_argmax(ctx, row))
-
-
-_i = llama_cpp
-# The name is a static C string: a Python callback typed to return char* would hand out a converted bytes object
-# (ctypes warns "memory leak in callback function"), so it returns the buffer's address, typed as a pointer.
-_LOG_NORM_NAME = ctypes.create_string_buffer(b"edgespec-log-norm")
-_name_address = ctypes.CFUNCTYPE(ctypes.c_void_p, _i.llama_sampler_p_ctypes)(
-    lambda _smpl: ctypes.addressof(_LOG_NORM_NAME)
-)
-# The interface lives as long as the module: llama.cpp keeps a pointer to it in every sampler made from it.
-_LOG_NORM_CALLBACKS = (
-    ctypes.cast(_name_address, _i.llama_sampler_i_name),
-    _i.llama_sampler_i_apply(lambda _smpl, _cur: None),  # required; never called while the chain runs in-graph
-    _i.llama_sampler_i_backend_init(lambda _smpl, _buft, _n_max: True),
-    _i.llama_sampler_i_backend_apply(_log_norm_graph),
-)
-_LOG_NORM_IFACE = _i.llama_sampler_i(
-    name=_LOG_NORM_CALLBACKS[0],
-    apply=_LOG_NORM_CALLBACKS[1],
-    backend_init=_LOG_NORM_CALLBACKS[2],
-    backend_apply=_LOG_NORM_CALLBACKS[3],
-)
-del _i
-
-
-def _log_norm_sampler():
-    """A new sampler of the log-normaliser (a chain frees its samplers; this one owns no state)."""
-    return llama_cpp.llama_sampler_init(ctypes.byref(_LOG_NORM_IFACE), None)
-
-
-def sync(kv, tokens: Sequence[int]) -> int:
-    """Make ``kv``'s cache (a model's sequence 0, a slot, or a stand-in with their verbs) hold ``tokens`` exactly,
-    reusing the longest common prefix. Returns the number of tokens decoded."""
-    common = common_prefix(kv.kv_tokens, tokens)
-    kv.truncate(common)
-    rest = tokens[common:]
-    if rest:
-        kv.decode(rest)
-    return len(rest)
-
-
 class Slot:
     """One sequence of a :class:`Model`'s context: its own KV (positions from 0), its own backend sampler chain.
 
@@ -378,8 +103,7 @@ class Slot:
         self.model = model
         self.seq_id = seq_id
         self.kv_tokens: list[int] = []
-        self._chain = None  # the backend sampler chain installed on this sequence, if any
-        self._readout = LOGITS  # what llama.cpp's graph hands back for this sequence now
+        self._sampler = SequenceSampler(seq_id)  # the sampler chain on this sequence, and its readout
 
     def decode(self, tokens: Sequence[int], rows: Sequence[int] = (), readout: Readout = LOGITS) -> Scores:
         return self.model.decode_batch(((self, tokens, rows, readout),))[0]
@@ -430,63 +154,16 @@ class Slot:
                     "decoded"
                 )
             # A request's readout is one object: compared once per request. A refused one is emulated (decode).
-            if readout is not self._readout and not (model._refused and readout in model._refused):
-                self._use(readout)  # may find that llama.cpp refuses it: then read whole rows and select here
-
-    def _use(self, readout: Readout) -> None:
-        """Install the backend sampler chain that produces ``readout`` (none for whole logits rows)."""
-        if readout == self._readout:
-            self._readout = readout  # the same readout: decodes of this request compare by identity
-            return
-        model = self.model
-        chain = None
-        if readout.kind != "logits":
-            # A chain is bound to the graph it is installed in: llama.cpp initialises it once, so every switch
-            # builds a new one (a chain is a few bytes; switches happen per request at most).
-            chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-            if readout.log_norm:  # first: it needs the whole row
-                llama_cpp.llama_sampler_chain_add(chain, _log_norm_sampler())
-            step = (
-                llama_cpp.llama_sampler_init_greedy()
-                if readout.kind == "argmax"
-                else llama_cpp.llama_sampler_init_top_k(readout.k)
-            )
-            llama_cpp.llama_sampler_chain_add(chain, step)
-        installed = llama_cpp.llama_set_sampler(model._ctx, self.seq_id, chain)
-        if self._chain is not None:  # replaced: llama.cpp no longer refers to it
-            llama_cpp.llama_sampler_free(self._chain)
-            self._chain = None
-        if not installed:
-            # This backend cannot run the chain in its graph: read whole rows and select from them here.
-            log.warning("%s: llama.cpp cannot sample '%s' in its graph; reading whole logits rows", model.name, readout)
-            model._refused.add(readout)
-            llama_cpp.llama_set_sampler(model._ctx, self.seq_id, None)
-            if chain is not None:
-                llama_cpp.llama_sampler_free(chain)
-            self._readout = LOGITS
-            return
-        self._chain = chain
-        self._readout = readout
+            if readout is not self._sampler.readout and not (model._refused and readout in model._refused):
+                # may find that llama.cpp refuses it: then read whole rows and select here
+                self._sampler.use(model._ctx, readout, model._refused, model.name)
 
     def _release_chain(self) -> None:
-        if self.model._ctx:
-            llama_cpp.llama_set_sampler(self.model._ctx, self.seq_id, None)
-        if self._chain is not None:
-            llama_cpp.llama_sampler_free(self._chain)
-            self._chain = None
+        self._sampler.release(self.model._ctx)
 
 
 # What one sequence adds to a batched decode: (slot, tokens, rows, readout), as for Model.decode.
 Part = tuple[Slot, Sequence[int], Sequence[int], Readout]
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """The length of the longest common prefix of two token lists."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class Model:
@@ -516,7 +193,7 @@ class Model:
         n_seq: int = 1,
         progress: LoadProgress | None = None,
     ) -> None:
-        _init_backend()
+        init_backend()
         if n_seq < 1:
             raise ValueError(f"n_seq must be >= 1, got {n_seq}")
         self.path = Path(path)
@@ -592,15 +269,7 @@ class Model:
             add_bos=bool(llama_cpp.llama_vocab_get_add_bos(self._vocab)),
         )
         self.n_vocab = self.vocab.n_vocab
-        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
-        # Every token belongs to one sequence: the counts are set once, so a decode writes only tokens, positions,
-        # sequence ids and output flags (through pointers read once: each read of a ctypes struct field builds a
-        # new object).
-        for j in range(self.n_batch):
-            self._batch.n_seq_id[j] = 1
-            self._batch.seq_id[j][0] = 0
-        self._batch_token, self._batch_pos, self._batch_flags = self._batch.token, self._batch.pos, self._batch.logits
-        self._batch_seq = [self._batch.seq_id[j] for j in range(self.n_batch)]
+        self._batch = Batch(self.n_batch)
         self._eog: dict[int, bool] = {}  # is_eog's answers, asked for every token generated
         self._piece_buf = ctypes.create_string_buffer(256)
         self._piece_cache: dict[int, bytes] = {}
@@ -746,13 +415,13 @@ class Model:
         parts = [part for _, part in listed]
         # A readout llama.cpp refused to run in its graph is read as whole rows and selected here.
         kinds = [LOGITS if readout in self._refused else readout for _, _, _, readout in parts]
-        outs = [_allocate(kind, len(rows), self.n_vocab) for kind, (_, _, rows, _) in zip(kinds, parts, strict=True)]
+        outs = [allocate(kind, len(rows), self.n_vocab) for kind, (_, _, rows, _) in zip(kinds, parts, strict=True)]
         starts = [len(slot.kv_tokens) for slot, _, _, _ in parts]
         busy = 0.0  # inside llama_decode and llama.cpp's readout calls (filling the batch is Python's time)
         wanted: list[tuple[int, int]] = []  # (part, batch position) of each row flagged in the batch being filled
         read = [0] * len(parts)  # rows of each part read so far
         try:
-            for n_tokens in self._fill(parts, starts, wanted):
+            for n_tokens in self._batch.fill(parts, starts, wanted):
                 busy += self._run_batch(n_tokens, wanted, kinds, outs, read)
                 wanted.clear()
         except BaseException:
@@ -772,7 +441,7 @@ class Model:
         scores: list[Scores] = [None] * (len(parts) - len(fillers))  # type: ignore[list-item]  # in given order
         for p, kind, out, (_, _, rows, readout) in zip(order, kinds, outs, parts, strict=True):
             if p is not None:
-                scores[p] = _emulate(readout, out) if kind is not readout and len(rows) else out
+                scores[p] = emulate(readout, out) if kind is not readout and len(rows) else out
         return scores
 
     def _fillers(self, tokens_by_seq: dict[int, int]) -> list[Part]:
@@ -800,83 +469,22 @@ class Model:
         slot = self.slots[0]
         slot._check(tokens, rows, readout, start)
         wanted: list[tuple[int, int]] = []
-        for _ in self._fill(((slot, tokens, rows, readout),), (start,), wanted):
+        for _ in self._batch.fill(((slot, tokens, rows, readout),), (start,), wanted):
             wanted.clear()
-
-    def _fill(self, parts: Sequence[Part], starts: Sequence[int], wanted: list[tuple[int, int]]) -> Iterator[int]:
-        """Write the parts' tokens into the batch (at positions from each part's start), flagging their rows and
-        listing them in ``wanted``; yields the number of tokens each time the batch is full, and at the end."""
-        token, pos, flags, seq = self._batch_token, self._batch_pos, self._batch_flags, self._batch_seq
-        n_batch = self.n_batch
-        filled = 0
-        for p, (slot, tokens, rows, _) in enumerate(parts):
-            seq_id, start = slot.seq_id, starts[p]
-            next_row = 0
-            row_at = rows[0] if len(rows) else -1
-            for i, tok in enumerate(tokens):
-                if filled == n_batch:
-                    yield filled
-                    filled = 0
-                token[filled] = tok
-                pos[filled] = start + i
-                seq[filled][0] = seq_id
-                if i == row_at:
-                    flags[filled] = True
-                    wanted.append((p, filled))
-                    next_row += 1
-                    row_at = rows[next_row] if next_row < len(rows) else -1
-                else:
-                    flags[filled] = False
-                filled += 1
-        if filled:
-            yield filled
 
     def _run_batch(
         self, n_tokens: int, wanted: list[tuple[int, int]], kinds: list[Readout], outs: list[Scores], read: list[int]
     ) -> float:
         """Decode the filled batch and read its flagged rows into each part's output; returns the seconds llama.cpp
         took (the top-k lists are built after, on Python's time)."""
-        self._batch.n_tokens = n_tokens
+        self._batch.c.n_tokens = n_tokens
         t0 = time.perf_counter()
-        rc = llama_cpp.llama_decode(self._ctx, self._batch)
+        rc = llama_cpp.llama_decode(self._ctx, self._batch.c)
         if rc != 0:
             raise ModelError(f"{self.name}: llama_decode failed with code {rc}")
-        ctx = self._ctx
-        copies = []
-        for p, j in wanted:
-            kind, out = kinds[p], outs[p]
-            if kind.kind == "argmax":
-                sampled = llama_cpp.llama_get_sampled_token_ith(ctx, j)
-                if sampled < 0:  # LLAMA_TOKEN_NULL: no sampler ran on this row
-                    raise ModelError(f"{self.name}: llama.cpp returned no sampled token for row {j}")
-                out.append(sampled)
-            elif kind.kind == "top_k":
-                n = llama_cpp.llama_get_sampled_logits_count_ith(ctx, j)
-                if n != kind.k:
-                    raise ModelError(f"{self.name}: llama.cpp returned {n} candidates for a top-{kind.k} row")
-                # Slicing these pointers builds the lists in C: no numpy on the hot path (see sampling.py).
-                p_max = None
-                if kind.log_norm:
-                    if llama_cpp.llama_get_sampled_probs_count_ith(ctx, j) != 1:
-                        raise ModelError(f"{self.name}: llama.cpp returned no log-normaliser for row {j}")
-                    p_max = llama_cpp.llama_get_sampled_probs_ith(ctx, j)[0]
-                copies.append(
-                    (out, kind.k, llama_cpp.llama_get_sampled_logits_ith(ctx, j),
-                     llama_cpp.llama_get_sampled_candidates_ith(ctx, j), p_max)
-                )  # fmt: skip
-            else:
-                row = llama_cpp.llama_get_logits_ith(ctx, j)
-                if not row:
-                    raise ModelError(f"{self.name}: llama.cpp returned no logits for row {j}")
-                ctypes.memmove(out[read[p]].ctypes.data, row, 4 * self.n_vocab)
-            read[p] += 1
+        copies = read_rows(self._ctx, wanted, kinds, outs, read, self.n_vocab, self.name)
         busy = time.perf_counter() - t0
-        for out, k, logits_at, ids_at, p_max in copies:
-            logits = logits_at[:k]
-            out.logits.append(logits)
-            out.ids.append(ids_at[:k])
-            if p_max is not None:  # the argmax's probability: log Z = max - log p_max (see _log_norm_graph)
-                out.log_z.append(max(logits) - math.log(p_max))
+        finish_candidates(copies)  # the top-k lists, built on Python's time
         return busy
 
     def readout_path(self, readout: Readout) -> str:
@@ -891,13 +499,12 @@ class Model:
 
     sync = sync
 
-
     # ----- lifetime ----------------------------------------------------------------------------------------
     def close(self) -> None:
         for slot in getattr(self, "slots", ()):
             slot._release_chain()
         if self._batch is not None:
-            llama_cpp.llama_batch_free(self._batch)
+            self._batch.free()
             self._batch = None
         if self._ctx:
             llama_cpp.llama_free(self._ctx)
