@@ -190,6 +190,16 @@ def best_fixed(
     return best
 
 
+@dataclass(frozen=True)
+class SyntheticDraftModel:
+    """A draft model for :func:`replay`: each drafted token is the recorded one with probability ``alpha`` (until
+    the first wrong one), at ``seconds`` a drafted token and ``catchup`` a token it missed while it sat out."""
+
+    alpha: float
+    seconds: float
+    catchup: float = 0.0
+
+
 def replay(
     controller: RoundController,
     prompt: Sequence[int],
@@ -198,43 +208,67 @@ def replay(
     *,
     lookup: LookupDrafter | None = None,
     switch_cost: float = 0.0,
+    model: SyntheticDraftModel | None = None,
+    noise: float = 0.0,
+    seed: int = 0,
 ) -> SimResult:
     """Generate ``output`` again after ``prompt`` with lookup drafting under ``controller``.
 
     The target is assumed to commit ``output`` whatever is drafted (greedy decoding does, up to near-ties), so a
     lookup draft is accepted for as long as it agrees with it. ``verify_cost(b)`` is the seconds of a decode of
     b tokens, and ``switch_cost`` what a decode adds when its width differs from the last one's (a new graph for
-    llama.cpp); lookup itself is free. No draft model: a plan for one is an error.
+    llama.cpp); lookup itself is free. ``model``: a draft model (without one, a plan for one is an error).
+    ``noise``: sigma of a log-normal factor on the timings the controller is told (the result counts the costs
+    as they are), drawn from ``seed``.
     """
+    rng = np.random.default_rng(seed)
     lookup = lookup or LookupDrafter()
     context = list(prompt)
     lookup.reset(context)
-    controller.start_request()
+    controller.start_request({"model": len(prompt)} if model is not None else None)
     result = SimResult()
     n = len(output)
     last_width = 1
+    gap = len(prompt)  # tokens the draft model has not seen
     while result.tokens < n:
         at = result.tokens
         room = n - at
         proposal = lookup.propose(context, min(controller.max_gamma, room - 1)).tokens
-        plan = controller.plan(proposal, agreement=lookup.last_agreement, from_prompt=lookup.last_from_prompt)
-        if plan.drafter not in (None, LOOKUP):
+        plan = controller.plan(
+            proposal, agreement=lookup.last_agreement, from_prompt=lookup.last_from_prompt, remaining=room
+        )
+        t_draft = 0.0
+        if plan.drafter == LOOKUP:
+            gamma = min(plan.gamma, len(proposal))
+            accepted = 0
+            while accepted < gamma and proposal[accepted] == output[at + accepted]:
+                accepted += 1
+        elif plan.drafter is None:
+            gamma = accepted = 0
+        elif plan.drafter == "model" and model is not None:
+            gamma = min(plan.gamma, room - 1)
+            accepted = _accepted(rng, model.alpha, gamma)
+            t_draft = gamma * model.seconds + gap * model.catchup
+            gap = 0
+        else:
             raise ValueError(f"replay has no {plan.drafter!r} drafter")
-        gamma = min(plan.gamma, len(proposal))
-        accepted = 0
-        while accepted < gamma and proposal[accepted] == output[at + accepted]:
-            accepted += 1
         committed = output[at : at + accepted + 1]
         t_verify = verify_cost(gamma + 1) + (switch_cost if gamma + 1 != last_width else 0.0)
         last_width = gamma + 1
+        told_draft, told_verify = t_draft, t_verify
+        if noise:
+            told_draft *= float(rng.lognormal(0.0, noise))
+            told_verify *= float(rng.lognormal(0.0, noise))
         controller.observe(
-            plan, n_drafted=gamma, n_accepted=accepted, t_draft=0.0, t_verify=t_verify, committed=committed
+            plan, n_drafted=gamma, n_accepted=accepted, t_draft=told_draft, t_verify=told_verify, committed=committed
         )
         result.rounds.append((at, plan))
         context.extend(committed)
         lookup.commit(context)
+        if plan.drafter != "model":
+            gap += len(committed)
         result.tokens += len(committed)
-        result.seconds += t_verify
+        result.seconds += t_draft + t_verify
     return result
 
 
