@@ -2,10 +2,13 @@
 generations (tests/data/qwen_*traces.json) at the recorded decode cost curves: each file's own 2-core CPU curve and
 the H200's (``H200_PROFILE``). Prints auto's speed over plain decoding per class with the mechanism and without, and
 the replay's own spread: the range of the full controller's speed over noise seeds (the timings it is told carry a
-log-normal factor of sigma ``--noise``, as a machine's do). See docs/ablation.md.
+log-normal factor of sigma ``--noise``, as a machine's do). The draft model's mechanisms are also run on
+simulate()'s synthetic rounds (the only place a draft model pays), and the mechanisms that act on auto's own time
+in the GPU emulation of tests/gpu_regime.py (``--emulate``). See docs/ablation.md.
 
-    .venv/bin/python tests/ablation.py            # every mechanism
+    .venv/bin/python tests/ablation.py                     # every mechanism, by replay and simulation (~1.5 min)
     .venv/bin/python tests/ablation.py --only coverage,substitutions
+    .venv/bin/python tests/ablation.py --emulate 1,4       # the GPU emulation (~10 min)
 """
 
 from __future__ import annotations
@@ -14,17 +17,13 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from edgespec.drafters import controller as controller_module  # noqa: E402
-from edgespec.drafters import lookup as lookup_module  # noqa: E402
-from edgespec.drafters import lookup_forecast  # noqa: E402
-from edgespec.drafters.controller import Controller  # noqa: E402
+from edgespec.drafters.controller import DEFAULT_CONTROLLER, Controller  # noqa: E402
 from edgespec.drafters.controller_sim import (  # noqa: E402
     CPU_PROFILE,
     GPU_PROFILE,
@@ -35,7 +34,8 @@ from edgespec.drafters.controller_sim import (  # noqa: E402
     replay,
     simulate,
 )
-from edgespec.drafters.lookup import LookupDrafter  # noqa: E402
+from edgespec.drafters.lookup import DEFAULT_LOOKUP, LookupDrafter  # noqa: E402
+from edgespec.drafters.lookup_forecast import DEFAULT_FORECAST, LookupForecast  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
 FILES = {"bench": "qwen_traces.json", "corpus": "qwen_corpus_traces.json", "valid": "qwen_validation_traces.json"}
@@ -49,31 +49,39 @@ MODEL_ALPHA = 0.65
 
 @dataclass
 class Variant:
-    """A mechanism removed: controller keyword arguments, module constants patched, a lookup drafter's arguments,
-    and whether the replay has a draft model (the draft model's mechanisms only act with one)."""
+    """A mechanism removed: the controller's, the forecast's and the lookup drafter's numbers that turn it off, and
+    whether the replay has a draft model (the draft model's mechanisms only act with one)."""
 
-    controller: dict = field(default_factory=dict)
-    patches: list[tuple[object, str, object]] = field(default_factory=list)
-    lookup: dict = field(default_factory=dict)
+    controller: dict = field(default_factory=dict)  # ControllerConfig fields
+    forecast: dict = field(default_factory=dict)  # ForecastConfig fields
+    lookup: dict = field(default_factory=dict)  # LookupConfig fields
+    switch_blind: bool = False  # the controller is not told what a change of width costs
+    one_bucket: bool = False  # every proposal in one agreement bucket
     model: bool = False
+
+    def make(self, drafters: list[str], max_gamma: int = 8) -> Controller:
+        forecast = replace(DEFAULT_FORECAST, **self.forecast)
+        config = replace(DEFAULT_CONTROLLER, forecast=forecast, **self.controller)
+        # No plan budget: the controller then reads no clock, and a replay's decisions do not depend on this machine
+        # (plan reuse and the pricing of the controller's own time are measured by tests/gpu_regime.py).
+        ctl = Controller(drafters, max_gamma=max_gamma, config=config)
+        if self.one_bucket and ctl._lookup is not None:
+            ctl._lookup = _OneBucket(max_gamma, forecast)
+        return ctl
 
 
 VARIANTS: dict[str, Variant] = {
     "full": Variant(),
-    "coverage": Variant(patches=[(lookup_forecast, "COPYING_COVERAGE", 2.0)]),
-    "after-miss wait": Variant(patches=[(lookup_forecast, "AFTER_MISS", 0)]),
-    "bucket lift": Variant(patches=[(lookup_forecast, "LIFT_FROM_BUCKET", 1 << 10)]),
-    "agreement buckets": Variant(patches=[(lookup_forecast, "COPYING_COVERAGE", 2.0)], lookup={"_one_bucket": True}),
+    "coverage": Variant(forecast={"copying_coverage": 2.0}),
+    "after-miss wait": Variant(forecast={"after_miss": 0}),
+    "agreement buckets": Variant(forecast={"copying_coverage": 2.0}, one_bucket=True),
     "substitutions": Variant(lookup={"learn_substitutions": False}),
-    "source choice": Variant(patches=[(lookup_module, "SOURCE_CANDIDATES", 1)]),
+    "source choice": Variant(lookup={"source_candidates": 1}),
     "min_gain margin": Variant(controller={"min_gain": 0.0}),
-    "width-change pricing": Variant(controller={"_switch_blind": True}),
-    "hiccup clip": Variant(patches=[(controller_module, "HICCUP_CLIP", 1e9)]),
-    "plan reuse": Variant(controller={"plan_budget": None}),
+    "width-change pricing": Variant(switch_blind=True),
+    "hiccup clip": Variant(controller={"hiccup_clip": 1e9}),
     # The draft model's mechanisms, with a draft model in the replay.
     "model: full": Variant(model=True),
-    "model: exploration": Variant(controller={"explore": 0.0}, model=True),
-    "model: backoff": Variant(controller={"max_backoff": 0}, model=True),
     "model: idle decay": Variant(controller={"idle_decay": 1.0}, model=True),
     "model: catch-up allowance": Variant(controller={"catchup_allowance": 0.0}, model=True),
 }
@@ -87,20 +95,8 @@ SCENARIOS = [
     ("phase change", ["model"], lambda t: {"model": 0.1 if 2000 <= t < 4000 else 0.9}, 0, 7000),
     ("copy spans", ["model", "lookup"], {"model": 0.7, "lookup": 0.9}, copy_spans(100, 40), 6000),
 ]
-SIM_VARIANTS = ("model: full", "model: exploration", "model: backoff", "model: idle decay", "model: catch-up allowance")
+SIM_VARIANTS = ("model: full", "model: idle decay", "model: catch-up allowance")
 SIM_PROFILES = {"GPU (synthetic)": GPU_PROFILE, "CPU": CPU_PROFILE, "H200": H200_PROFILE}
-
-
-@contextmanager
-def patched(patches: list[tuple[object, str, object]]) -> Iterator[None]:
-    saved = [(module, name, getattr(module, name)) for module, name, _ in patches]
-    for module, name, value in patches:
-        setattr(module, name, value)
-    try:
-        yield
-    finally:
-        for module, name, value in saved:
-            setattr(module, name, value)
 
 
 @dataclass(frozen=True)
@@ -131,42 +127,34 @@ def load() -> dict[str, tuple[list[float], dict[str, list[dict]]]]:
     return out
 
 
-class _OneBucket(lookup_forecast.LookupForecast):
+class _OneBucket(LookupForecast):
     """The forecast with every proposal in one state, whatever its agreement."""
 
-    def offer(self, tokens, agreement=0, from_prompt=False):  # noqa: ANN001, ANN202
+    def offer(self, tokens: Sequence[int], agreement: int = 0, from_prompt: bool = False) -> None:
         super().offer(tokens, 0, False)
 
 
 def speeds(variant: Variant, data: dict, noise: float = 0.0, seed: int = 0) -> dict[tuple[str, str], float]:
     """(curve, class) -> auto's speed over plain decoding, one controller a class (as the bench runs them)."""
     out = {}
-    kwargs = dict(variant.controller)
-    one_bucket = variant.lookup.get("_one_bucket", False)
-    switch_blind = kwargs.pop("_switch_blind", False)
-    kwargs.setdefault("plan_budget", 0.01)  # the engine's PLAN_BUDGET
-    with patched(variant.patches):
-        for steps, by_task in data.values():
-            for curve in curves(steps):
-                for task, traces in by_task.items():
-                    drafters = ["model", "lookup"] if variant.model else ["lookup"]
-                    ctl = Controller(drafters, max_gamma=MAX_GAMMA, **kwargs)
-                    if one_bucket:
-                        ctl._lookup = _OneBucket(MAX_GAMMA)
-                    verify = {b: curve.cost(b) for b in range(1, MAX_GAMMA + 2)}
-                    draft = {"model": curve.draft} if variant.model else {}
-                    catchup = {"model": curve.catchup} if variant.model else {}
-                    ctl.record_costs(verify, draft, catchup, switch=0.0 if switch_blind else curve.switch)
-                    model = SyntheticDraftModel(MODEL_ALPHA, curve.draft, curve.catchup) if variant.model else None
-                    lookup_kwargs = {k: v for k, v in variant.lookup.items() if not k.startswith("_")}
-                    seconds = 0.0
-                    for i, t in enumerate(traces):
-                        seconds += replay(
-                            ctl, t["prompt"], t["output"], curve.cost, lookup=LookupDrafter(**lookup_kwargs),
-                            switch_cost=curve.switch, model=model, noise=noise, seed=seed * 1000 + i,
-                        ).seconds  # fmt: skip
-                    plain = sum(len(t["output"]) for t in traces) * curve.cost(1)
-                    out[(curve.name, task)] = plain / seconds
+    for steps, by_task in data.values():
+        for curve in curves(steps):
+            for task, traces in by_task.items():
+                ctl = variant.make(["model", "lookup"] if variant.model else ["lookup"], MAX_GAMMA)
+                verify = {b: curve.cost(b) for b in range(1, MAX_GAMMA + 2)}
+                draft = {"model": curve.draft} if variant.model else {}
+                catchup = {"model": curve.catchup} if variant.model else {}
+                ctl.record_costs(verify, draft, catchup, switch=0.0 if variant.switch_blind else curve.switch)
+                model = SyntheticDraftModel(MODEL_ALPHA, curve.draft, curve.catchup) if variant.model else None
+                lookup = replace(DEFAULT_LOOKUP, **variant.lookup)
+                seconds = 0.0
+                for i, t in enumerate(traces):
+                    seconds += replay(
+                        ctl, t["prompt"], t["output"], curve.cost, lookup=LookupDrafter(lookup),
+                        switch_cost=curve.switch, model=model, noise=noise, seed=seed * 1000 + i,
+                    ).seconds  # fmt: skip
+                plain = sum(len(t["output"]) for t in traces) * curve.cost(1)
+                out[(curve.name, task)] = plain / seconds
     return out
 
 
@@ -174,12 +162,12 @@ def simulated(variant: Variant, profile: CostProfile, seed: int) -> dict[str, fl
     """Scenario -> tok/s of the controller on simulate()'s synthetic rounds, calibrated as the engine does."""
     out = {}
     noisy = replace(profile, noise=0.05)
-    with patched(variant.patches):
-        for name, drafters, alphas, lookup_len, n in SCENARIOS:
-            ctl = Controller(drafters, **variant.controller)
-            model = {"model": profile.draft["model"]}
-            ctl.record_costs({b: profile.verify(b) for b in range(1, 10)}, model, dict(profile.catchup))
-            out[name] = simulate(ctl, noisy, alphas, n_tokens=n, lookup_len=lookup_len, seed=seed).tokens_per_second
+    for name, drafters, alphas, lookup_len, n in SCENARIOS:
+        ctl = variant.make(drafters)
+        ctl.record_costs(
+            {b: profile.verify(b) for b in range(1, 10)}, {"model": profile.draft["model"]}, dict(profile.catchup)
+        )
+        out[name] = simulate(ctl, noisy, alphas, n_tokens=n, lookup_len=lookup_len, seed=seed).tokens_per_second
     return out
 
 
@@ -195,12 +183,125 @@ def table(title: str, results: dict, spread: dict, classes: list[str], curve: st
         print(f"{'spread (' + base + ')':<26}" + "".join(f"{sp[(curve, c)]:17.3f}" for c in classes))
 
 
+# The mechanisms that act on auto's own time, removed in the GPU emulation (tests/gpu_regime.py): what each is
+# replaced by.
+def _no_loop_pricing(self: Controller, gamma: int) -> float:
+    return 0.0
+
+
+def _no_reuse(self: Controller) -> int:
+    return 0
+
+
+_OPTION = Controller._option
+
+
+def _no_skip(self: Controller, *args, **kwargs) -> object:  # noqa: ANN002, ANN003
+    kwargs["bar"] = 0.0
+    return _OPTION(self, *args, **kwargs)
+
+
+EMULATED = {
+    "full": {},
+    "loop pricing": {"loop_seconds": _no_loop_pricing},
+    "cannot-pay skip": {"_option": _no_skip},
+    "plan reuse": {"_reuse": _no_reuse},
+}
+
+
+def emulate(lanes: int, repeats: int, names: list[str]) -> dict[str, dict[str, tuple[float, float, float]]]:
+    """Mechanism removed -> class -> (auto / plain by the clock, the medians of ``repeats`` runs; auto's and plain's
+    Python in µs a token). The variants take turns, their order reversed every other run (the machine's load drifts).
+
+    The clock's ratio is what the emulation measures, and on a shared 2-core machine it swings by 5-10 % from run to
+    run. The Python is the processes' CPU time less what the scripted decodes spend waiting (their spin), a token's
+    worth: other processes delay it far less than they delay the clock."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import gpu_regime
+
+    classes = gpu_regime.load_traces()
+    waited = [0.0]  # CPU time the scripted decodes spent waiting (the spin after the sleep)
+    wait = gpu_regime.ScriptedModel._wait
+
+    def timed_wait(self: object, rows: int) -> None:
+        t0 = time.thread_time()
+        wait(self, rows)
+        waited[0] += time.thread_time() - t0
+
+    strategy_of: dict[int, str] = {}
+    cpu: dict[str, float] = {}
+    runner_of, loop = gpu_regime.engine_runner, gpu_regime.closed_loop
+
+    def tagged_runner(engine: object) -> object:
+        runner = runner_of(engine)
+        strategy_of[id(runner)] = "auto" if getattr(engine, "draft_len", None) == "auto" else "plain"
+        return runner
+
+    def timed_loop(runner: object, *args: object) -> object:
+        t0, w0 = time.process_time(), waited[0]
+        record = loop(runner, *args)
+        key = strategy_of[id(runner)]
+        cpu[key] = cpu.get(key, 0.0) + (time.process_time() - t0) - (waited[0] - w0)
+        return record
+
+    ratios: dict[str, dict[str, list[float]]] = {n: {c: [] for c in classes} for n in names}
+    python: dict[str, dict[str, list[tuple[float, float]]]] = {n: {c: [] for c in classes} for n in names}
+    gpu_regime.ScriptedModel._wait = timed_wait
+    gpu_regime.engine_runner, gpu_regime.closed_loop = tagged_runner, timed_loop
+    try:
+        for r in range(repeats):
+            for name in names if r % 2 == 0 else names[::-1]:
+                saved = {attr: getattr(Controller, attr) for attr in EMULATED[name]}
+                for attr, value in EMULATED[name].items():
+                    setattr(Controller, attr, value)
+                try:
+                    for c in classes:
+                        cpu.clear()
+                        totals = gpu_regime.measure({c: classes[c]}, lanes, rounds=1)
+                        plain, auto = totals[(c, "plain")], totals[(c, "auto")]
+                        ratios[name][c].append((auto[0] / auto[1]) / (plain[0] / plain[1]))
+                        python[name][c].append((cpu["auto"] / auto[0] * 1e6, cpu["plain"] / plain[0] * 1e6))
+                finally:
+                    for attr, value in saved.items():
+                        setattr(Controller, attr, value)
+    finally:
+        gpu_regime.ScriptedModel._wait = wait
+        gpu_regime.engine_runner, gpu_regime.closed_loop = runner_of, loop
+
+    def median(values: list[float]) -> float:
+        return sorted(values)[len(values) // 2]
+
+    return {
+        n: {
+            c: (median(ratios[n][c]), median([a for a, _ in python[n][c]]), median([p for _, p in python[n][c]]))
+            for c in classes
+        }
+        for n in names
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default="", help="comma-separated mechanisms (default: all)")
-    parser.add_argument("--seeds", type=int, default=3, help="noise seeds for the spread")
+    parser.add_argument("--seeds", type=int, default=5, help="noise seeds for the spread")
     parser.add_argument("--noise", type=float, default=0.05, help="sigma of the timings' log-normal factor")
+    parser.add_argument("--emulate", default="", help="lanes (comma-separated): run the GPU emulation instead")
+    parser.add_argument("--repeats", type=int, default=3, help="emulation runs per mechanism (the median is shown)")
     args = parser.parse_args()
+    if args.emulate:
+        names = [n for n in EMULATED if not args.only or n in args.only.split(",") or n == "full"]
+        for lanes in (int(x) for x in args.emulate.split(",")):
+            result = emulate(lanes, args.repeats, names)
+            classes = list(result["full"])
+            print(f"\n{lanes} lane(s): GPU emulation at H200_PROFILE's costs, median of {args.repeats} runs")
+            print(f"{'mechanism removed':<20}" + "".join(f"{c:>17}" for c in classes) + "      mean")
+            print(f"{'':<20}" + "".join(f"{'ratio  auto/plain':>17}" for _ in classes))
+            for name, row in result.items():
+                mean = sum(r for r, _, _ in row.values()) / len(row)
+                cells = "".join(f"{row[c][0]:7.3f} {row[c][1]:4.0f}/{row[c][2]:<4.0f}" for c in classes)
+                print(f"{name:<20}{cells}{mean:10.3f}")
+            print("(ratio: auto / plain tok/s by the clock; auto/plain: their Python, CPU µs per token)")
+        return
     data = load()
     names = [n for n in VARIANTS if not args.only or n in args.only.split(",") or n in ("full", "model: full")]
     t0 = time.process_time()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
 from edgespec.drafters.base import Drafter
-from edgespec.drafters.lookup import LookupDrafter
+from edgespec.drafters.lookup import LookupConfig, LookupDrafter
 from edgespec.sampling import SamplingParams
 
 PARAMS = SamplingParams(temperature=0)
@@ -42,8 +44,8 @@ def brute_force(tokens: list[int], max_len: int, min_n: int, max_n: int) -> list
     return []
 
 
-def fresh(tokens: list[int], **kwargs) -> LookupDrafter:
-    drafter = LookupDrafter(**kwargs)
+def fresh(tokens: list[int], is_end: Callable[[int], bool] | None = None, **kwargs) -> LookupDrafter:
+    drafter = LookupDrafter(LookupConfig(**kwargs), is_end=is_end)
     drafter.reset(tokens)
     return drafter
 
@@ -134,9 +136,9 @@ def test_max_len_zero_proposes_nothing():
 
 def test_rejects_bad_n_range():
     with pytest.raises(ValueError):
-        LookupDrafter(min_n=0)
+        LookupDrafter(LookupConfig(min_n=0))
     with pytest.raises(ValueError):
-        LookupDrafter(min_n=3, max_n=2)
+        LookupDrafter(LookupConfig(min_n=3, max_n=2))
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -147,7 +149,7 @@ def test_incremental_index_equals_brute_force(seed):
     max_n = min_n + int(rng.integers(0, 4))
     alphabet = int(rng.integers(2, 6))
     tokens = rng.integers(0, alphabet, size=int(rng.integers(0, 20))).tolist()
-    drafter = LookupDrafter(min_n, max_n, learn_substitutions=False)  # the spec has none
+    drafter = LookupDrafter(LookupConfig(min_n, max_n, learn_substitutions=False))  # the spec has none
     drafter.reset(tokens)
     while len(tokens) < 150:
         tokens = tokens + rng.integers(0, alphabet, size=int(rng.integers(1, 6))).tolist()

@@ -12,13 +12,9 @@ machine (on a CPU a 4-token verify costs ~2 single steps, on a GPU ~1). Estimate
 controller serves all requests of an engine.
 
 When one option wins, the others are no longer observed, so their estimates would freeze at whatever made
-them lose. Two things keep them alive:
-
-* an idle drafter's acceptance evidence fades (``idle_decay`` per round), drifting back to the prior;
-* each idle drafter earns exploration credit, a fraction ``explore`` of the time spent, and is *probed* with
-  a short draft once the credit pays for the probe's expected loss against the best option. A probe that
-  neither changes the decision nor is accepted in full halves that fraction (down to 1/8); otherwise it is
-  restored.
+them lose. An idle drafter's acceptance evidence fades instead (``idle_decay`` per round), drifting back to the
+prior, so a draft model that lost on one stretch of text is tried again where the prior says it may pay. (Probes
+paid for by exploration credit did that as well; beside the fading they changed nothing: docs/ablation.md.)
 
 Prompt lookup is different on both counts: it costs nothing to ask and is deterministic, so its proposal is
 checked against the committed tokens every round, drafted or not (:mod:`edgespec.drafters.lookup_forecast`). It needs no
@@ -37,6 +33,10 @@ A drafter that sat out pays a catch-up on return (a draft model decodes the toke
 measured apart from the per-token cost. Up to ``catchup_allowance`` of a plain step per missed token is
 accepted as the price of keeping a drafter in the game; any excess is charged to the round that brings it
 back, so a drafter whose catch-up costs more than it could win back (the draft model on a CPU) stays out.
+
+The controller's own Python is a cost of every round too: planning and bookkeeping take ~0.1-0.5 ms, nothing
+beside a CPU's 20-70 ms step but a fifth of a GPU's ~2 ms one. It is timed (:meth:`Controller.plan` and
+:meth:`Controller.observe`, by the rows a round drafted) and charged to the plans like the decode.
 """
 
 from __future__ import annotations
@@ -50,14 +50,39 @@ from functools import partial
 from itertools import accumulate
 from typing import Protocol
 
-from edgespec.drafters.lookup_forecast import LookupForecast
+from edgespec.drafters.lookup_forecast import DEFAULT_FORECAST, ForecastConfig, LookupForecast
 
 LOOKUP = "lookup"  # the drafter whose proposal is given to plan() (it is computed first, every round)
-PROBE_CEILING_ALPHA = 0.95  # a drafter that would lose even at this acceptance is not probed
-# With a plan budget (see Controller): a plain plan is reused for at most this many rounds, whatever it costs.
-MAX_PLAN_REUSE = 16
-SETTLED_SLACK = 0.1  # ... while the others' drafting seconds stay within this share of a one-token decode
-HICCUP_CLIP = 1.25  # a decode timing counts at most this multiple of its width's estimate
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """The controller's tuned numbers (what each earns, measured by replay: docs/ablation.md)."""
+
+    alpha_prior: float = 0.6  # a draft model's per-token acceptance before evidence, and what idle evidence fades to
+    prior_weight: float = 2.0  # the drafted positions that prior counts for
+    alpha_decay: float = 0.97  # evidence kept per observed draft position: ~30 positions of memory
+    idle_decay: float = 0.99  # evidence kept per round a drafter sits out (see the module doc)
+    cost_decay: float = 0.9  # kept of a timing estimate per sample
+    # The extra cost per verified token, in one-token decodes, assumed while only one width is measured.
+    verify_slope_prior: float = 0.5
+    optimism: float = 0.25  # how much cheaper a width never measured is assumed, so that it gets tried once
+    # The share of a plain step per missed token accepted as the price of bringing a drafter back (the module doc).
+    catchup_allowance: float = 0.05
+    # The margin by which a draft's expected rate must beat plain decoding's: the estimates are noisy, and the best
+    # of several noisy estimates is biased upward, so a bare win is as likely a loss.
+    min_gain: float = 0.03
+    # A decode timing counts at most this multiple of its width's estimate: a decode delayed by something else on
+    # the machine (common on 2 cores) is not a new cost level; a real change (a longer context) still gets through.
+    hiccup_clip: float = 1.25
+    draft_hiccup_clip: float = 3.0  # the same for a draft model's per-token cost
+    # With a plan budget (see Controller): a plain plan is reused for at most this many rounds, whatever it costs,
+    max_plan_reuse: int = 16
+    settled_slack: float = 0.1  # ... while the others' drafting seconds stay within this share of a one-token decode
+    forecast: ForecastConfig = DEFAULT_FORECAST  # lookup's forecast
+
+
+DEFAULT_CONTROLLER = ControllerConfig()
 
 
 @dataclass(frozen=True)
@@ -121,7 +146,7 @@ NO_LOAD = Load()
 
 class _DecodeSeconds:
     """What one plan reads off the curve: the decode's cost by the rows this sequence puts in, each width worked out
-    once (a plan weighs a width up to three times: the best draft, the probe's ceiling, the probe), and ``floor``,
+    once (a plan weighs a width for each drafter), and ``floor``,
     which no width costs less than: the curve's cheapest entry the decode can land on (a decode is one pass or more,
     each of at least one row)."""
 
@@ -212,7 +237,7 @@ class Acceptance:
     """Per-position acceptance probability α: decayed successes / trials, plus a weak prior.
 
     A round that drafted n and accepted k observed k successes and, if k < n, one failure; positions after the
-    first rejection were never tested. The decay is per observed position, so a long draft and a short probe
+    first rejection were never tested. The decay is per observed position, so a long draft and a short one
     age the estimate by what they showed.
     """
 
@@ -250,10 +275,11 @@ class VerifyCost:
     CPU's 4-token decode is cheaper than its 3-token one).
     """
 
-    def __init__(self, decay: float, slope_prior: float, optimism: float) -> None:
+    def __init__(self, decay: float, slope_prior: float, optimism: float, clip: float = 1.25) -> None:
         self.decay = decay
         self.slope_prior = slope_prior
         self.optimism = optimism
+        self.clip = clip  # a decode timing counts at most this multiple of its width's estimate
         self._by_b: dict[int, DecayedRatio] = {}
         # What the curve is worked out from, kept up to date by add: each width's estimate, and the widths in order.
         self._values: dict[int, float] = {}
@@ -288,9 +314,8 @@ class VerifyCost:
         est = self._by_b.setdefault(b, DecayedRatio(self.decay))
         known = est.value
         if known is not None:
-            # A decode delayed by something else on the machine (common on 2 cores) is not a new cost level:
-            # clipped, it moves the estimate a little; a real change (a longer context) still gets through.
-            seconds = min(seconds, HICCUP_CLIP * known)
+            # A decode delayed by something else on the machine is clipped: it moves the estimate a little.
+            seconds = min(seconds, self.clip * known)
         est.add(seconds)
         value = est.value
         assert value is not None  # a sample was just added
@@ -403,23 +428,19 @@ class _DrafterState:
     cost: DecayedRatio  # seconds per drafted token
     catchup: DecayedRatio  # extra seconds per token committed while the drafter sat out
     gap: int = 0  # tokens committed since the drafter last ran
-    credit: float = math.inf  # exploration seconds earned; inf until first measured
-    backoff: int = 0  # failed probes in a row (each halves the exploration fraction)
 
 
 @dataclass
 class _Settled:
     """A plain plan that stands for the next ``rounds`` rounds while what it was made from holds: the load (as
     :func:`_load_key`, and the others' drafting seconds within ``slack`` of ``seconds``), lookup's proposal no firmer
-    than the one it turned down (``offered``: its agreement bucket and length, (-1, 0) for none), and each idle
-    drafter's credit short of its probe's price."""
+    than the one it turned down (``offered``: its agreement bucket and length, (-1, 0) for none)."""
 
     plan: Plan
     load: tuple[float, ...]
     seconds: float
     slack: float
     rounds: int
-    probe_price: dict[str, float]
     offered: tuple[int, int] = (-1, 0)
 
     def turned_down(self, offered: tuple[int, int]) -> bool:
@@ -452,19 +473,16 @@ class Controller:
     """Adaptive choice of drafter and γ per round from measured acceptance and costs (see the module doc).
 
     ``drafters`` names the available drafters; the one named ``"lookup"`` can only draft what :meth:`plan` is
-    given as its proposal, and costs nothing (the engine asks it every round anyway). Any other (``"model"``)
-    is measured by a short first draft right after the first plain round.
+    given as its proposal, and costs nothing (the engine asks it every round anyway). Any other (``"model"``) is
+    weighed at no cost until its cost is measured (the engine's calibration measures it), so the first plan that
+    weighs it tries it.
 
-    Tuning (the defaults were chosen on :mod:`edgespec.drafters.controller_sim`'s CPU and GPU profiles):
-    ``alpha_prior``/``prior_weight`` the weak prior on α; ``alpha_decay`` forgetting per observed draft
-    position (~30 positions of memory), ``idle_decay`` per round a drafter sits out; ``cost_decay`` per timing
-    sample; ``verify_slope_prior`` the extra cost per verified token, in one-token decodes, assumed while only
-    one width is measured; ``optimism`` how much cheaper unmeasured widths are assumed; ``explore``,
-    ``max_backoff``, ``probe_gamma`` and ``catchup_allowance`` as in the module doc; ``min_gain`` the margin by
-    which a draft's expected rate must beat plain decoding's. ``plan_budget``: the share of a one-token decode
+    ``config``: the tuned numbers (:class:`ControllerConfig`). ``plan_budget``: the share of a one-token decode
     that planning may take per round, on average; given, a plain plan made while lookup had nothing to propose
-    stands for as many rounds as keep it within that (none where a decode is slow, as on a CPU); None: a plan
-    every round.
+    stands for as many rounds as keep it within that (none where a decode is slow, as on a CPU), and the
+    controller's own time per round is measured and charged to the plans (see the module doc); None: a plan
+    every round, and no clock read (what replays and simulations of rounds want: decisions that do not depend on
+    the machine they run on).
     """
 
     def __init__(
@@ -472,54 +490,45 @@ class Controller:
         drafters: Sequence[str],
         *,
         max_gamma: int = 8,
-        probe_gamma: int = 2,
-        alpha_prior: float = 0.6,
-        prior_weight: float = 2.0,
-        alpha_decay: float = 0.97,
-        idle_decay: float = 0.99,
-        cost_decay: float = 0.9,
-        verify_slope_prior: float = 0.5,
-        optimism: float = 0.25,
-        explore: float = 0.02,
-        max_backoff: int = 3,
-        catchup_allowance: float = 0.05,
-        min_gain: float = 0.03,
+        config: ControllerConfig = DEFAULT_CONTROLLER,
         verify_cost: VerifyCost | None = None,
         plan_budget: float | None = None,
     ) -> None:
-        if max_gamma < 1 or probe_gamma < 1:
-            raise ValueError("max_gamma and probe_gamma must be >= 1")
+        if max_gamma < 1:
+            raise ValueError("max_gamma must be >= 1")
         if len(set(drafters)) != len(drafters):
             raise ValueError(f"duplicate drafter names in {list(drafters)}")
         self.drafters = tuple(drafters)
         self.max_gamma = max_gamma
-        self.probe_gamma = min(probe_gamma, max_gamma)
-        self.explore = explore
-        self.idle_decay = idle_decay
-        self.max_backoff = max_backoff
-        self.catchup_allowance = catchup_allowance
-        self.min_gain = min_gain
+        self.config = config
+        self.idle_decay = config.idle_decay
+        self.catchup_allowance = config.catchup_allowance
+        self.min_gain = config.min_gain
         # The target's decode cost is the machine's, not a sequence's: the controllers of an engine's sequences
         # share one curve (``verify_cost``), and each keeps its own acceptance evidence.
-        self._verify = verify_cost if verify_cost is not None else VerifyCost(cost_decay, verify_slope_prior, optimism)
+        self._verify = verify_cost if verify_cost is not None else VerifyCost(
+            config.cost_decay, config.verify_slope_prior, config.optimism, config.hiccup_clip
+        )  # fmt: skip
         self._state = {
             d: _DrafterState(
-                Acceptance(alpha_prior, prior_weight, alpha_decay),
-                DecayedRatio(cost_decay),
-                DecayedRatio(cost_decay),
+                Acceptance(config.alpha_prior, config.prior_weight, config.alpha_decay),
+                DecayedRatio(config.cost_decay),
+                DecayedRatio(config.cost_decay),
             )
             for d in self.drafters
             if d != LOOKUP
         }
-        self._lookup = LookupForecast(max_gamma) if LOOKUP in self.drafters else None
-        self._probing: str | None = None  # the drafter of an unresolved probe
+        self._lookup = LookupForecast(max_gamma, config.forecast) if LOOKUP in self.drafters else None
         self._last_rows = 1  # the rows this sequence put into the last decode (its width, for a lone sequence)
-        self._probe_accepted = False  # whether all its tokens were accepted
         self.plan_budget = plan_budget
-        self._plan_seconds = DecayedRatio(0.9)  # what a plan (worked out, not reused) takes on this machine
+        self._plan_seconds = DecayedRatio(config.cost_decay)  # what a plan (worked out, not reused) takes here
         self._settled: _Settled | None = None
-        self._probe_price: dict[str, float] = {}  # the credit at which each idle drafter's probe was due, last plan
         self.plans_reused = 0
+        # This controller's own Python per round (plan and observe): what a plain round takes, and what each drafted
+        # row adds to it (a drafted round settles more of lookup's proposals).
+        self.loop = DecayedRatio(config.cost_decay)
+        self.loop_per_row = DecayedRatio(config.cost_decay)
+        self._plan_took = 0.0  # what the last plan took
 
     # ----- public ----------------------------------------------------------------------------------------
     @property
@@ -613,26 +622,33 @@ class Controller:
         as its cost asks (see :meth:`_reuse`): a plan weighs every drafter and γ, ~30-200 µs of Python, and on a
         GPU, whose decode of a few rows takes ~2-4 ms, working it out anew every round for 4 sequences cost auto a
         fifth of plain decoding's speed (measured on an H200, where auto drafted nothing and still ran at 0.79x)."""
+        if self.plan_budget is None:
+            return self._plan_round(lookup, load, remaining, agreement, from_prompt, 0.0)
+        t0 = time.perf_counter()
+        plan = self._plan_round(lookup, load, remaining, agreement, from_prompt, t0)
+        self._plan_took = time.perf_counter() - t0
+        return plan
+
+    def loop_seconds(self, gamma: int) -> float:
+        """What this controller's Python is expected to take in a round that drafts ``gamma`` tokens."""
+        return (self.loop.value or 0.0) + gamma * (self.loop_per_row.value or 0.0)
+
+    def _plan_round(
+        self, lookup: Sequence[int], load: Load, remaining: int | None, agreement: int, from_prompt: bool, t0: float
+    ) -> Plan:
         offered = (-1, 0)
         if self._lookup is not None:
             self._lookup.offer(lookup, agreement, from_prompt)
             offered = self._lookup.offered
         settled = self._settled
         if settled is not None:
-            if (
-                settled.rounds > 0
-                and settled.turned_down(offered)
-                and self._probing is None
-                and settled.holds(load)
-                and all(self._state[d].credit < price for d, price in settled.probe_price.items())
-            ):
+            if settled.rounds > 0 and settled.turned_down(offered) and settled.holds(load):
                 settled.rounds -= 1
                 self.plans_reused += 1
                 return settled.plan
             self._settled = None
         if self.plan_budget is None:
             return self._plan(lookup, load, remaining)
-        t0 = time.perf_counter()
         plan = self._plan(lookup, load, remaining)
         self._plan_seconds.add(time.perf_counter() - t0)
         rounds = self._reuse()
@@ -641,11 +657,9 @@ class Controller:
         # is a close call that the next one may win (on a scripted target at the H200's costs, alone, translations
         # lost 6 % where such plans stood as well).
         shared = bool(load.sequences)
-        if plan.drafter is None and self._probing is None and rounds > 0 and (shared or offered == (-1, 0)):
-            slack = SETTLED_SLACK * (self._verify.measured(1) or 0.0)
-            self._settled = _Settled(
-                plan, _load_key(load), load.seconds, slack, rounds, dict(self._probe_price), offered
-            )
+        if plan.drafter is None and rounds > 0 and (shared or offered == (-1, 0)):
+            slack = self.config.settled_slack * (self._verify.measured(1) or 0.0)
+            self._settled = _Settled(plan, _load_key(load), load.seconds, slack, rounds, offered)
         return plan
 
     def _reuse(self) -> int:
@@ -656,7 +670,7 @@ class Controller:
         spent, step = self._plan_seconds.value, self._verify.measured(1)
         if spent is None or not step:
             return 0
-        return min(MAX_PLAN_REUSE, math.ceil(spent / (self.plan_budget * step)) - 1)
+        return min(self.config.max_plan_reuse, math.ceil(spent / (self.plan_budget * step)) - 1)
 
     def _plan(self, lookup: Sequence[int], load: Load, remaining: int | None) -> Plan:
         curve = self._verify.curve(load.rows + self.max_gamma + 1)
@@ -664,37 +678,19 @@ class Controller:
             return Plan(None, 0, "measuring the plain decode cost")
         caps = {d: max(min(self._cap(d, len(lookup)), load.room - 1), 0) for d in self.drafters}
         decode = _DecodeSeconds(load, curve)
-        seconds = decode(1) + load.seconds
+        seconds = decode(1) + load.seconds + self.loop_seconds(0)
         tokens = load.batch_tokens(1.0)
         plain = _Option(None, 0, tokens / seconds, tokens, seconds, 1.0)
         best_draft: _Option | None = None
+        bar = plain.rate * (1.0 + self.min_gain)
         for d, cap in caps.items():
-            option = self._option(d, range(1, cap + 1), curve, load=load, remaining=remaining, decode=decode)
+            option = self._option(d, range(1, cap + 1), curve, load=load, remaining=remaining, decode=decode, bar=bar)
             if option is not None and (best_draft is None or option.rate > best_draft.rate):
                 best_draft = option
-        # Drafting must promise a margin over plain: the estimates are noisy, and the best of several noisy
-        # estimates is biased upward, so a bare win is as likely a loss (replays with noisy timings: the margin
-        # halved the run-to-run spread on code edits at ~1 % of their mean).
-        drafts_pay = best_draft is not None and best_draft.rate > plain.rate * (1.0 + self.min_gain)
+        # Drafting must promise a margin over plain (see ControllerConfig.min_gain).
+        drafts_pay = best_draft is not None and best_draft.rate > bar
         best = best_draft if drafts_pay and best_draft is not None else plain
 
-        if self._probing is not None:
-            # A probe succeeded if it changed the decision or was accepted in full (a hint that the text has
-            # changed; probe again soon). Otherwise the next one waits longer.
-            st = self._state[self._probing]
-            if best.drafter == self._probing or self._probe_accepted:
-                st.backoff = 0
-            else:
-                st.backoff = min(st.backoff + 1, self.max_backoff)
-            self._probing = None
-
-        probe = self._pick_probe(best, caps, curve, load, decode)
-        if probe is not None:
-            self._probing = probe.drafter
-            return Plan(
-                probe.drafter, probe.gamma, "probe " + self._describe(probe, plain), probe.own,
-                probe.gamma * (self._draft_cost(probe.drafter) or 0.0),
-            )  # fmt: skip
         if best is plain:
             why = f"plain est {plain.rate:.1f} tok/s"
             if best_draft is not None:
@@ -719,6 +715,7 @@ class Controller:
         """What the round did. ``committed``: the tokens it committed, which settle lookup's proposals.
         ``record_verify=False``: the verify was shared with other sequences, and the engine records its cost
         once, at its width, with :meth:`record_decode`."""
+        t0 = time.perf_counter() if self.plan_budget is not None else 0.0
         if not 0 <= n_accepted <= n_drafted:
             raise ValueError(f"need 0 <= n_accepted <= n_drafted, got {n_accepted}, {n_drafted}")
         if record_verify:
@@ -731,19 +728,23 @@ class Controller:
         used = plan.drafter
         st = self._state.get(used) if used is not None else None
         if st is not None:
-            if used == self._probing:
-                self._probe_accepted = 0 < n_drafted == n_accepted
             if n_drafted:
                 st.acceptance.update(n_drafted, n_accepted)
             self._record_draft_cost(st, n_drafted, t_draft)
             st.gap = 0
-            st.credit = 0.0
-        spent = t_draft + t_verify
         for d, other in self._state.items():
             if d != used:
                 other.acceptance.forget(self.idle_decay)
                 other.gap += n_accepted + 1
-                other.credit += self.explore / 2**other.backoff * spent
+        if self.plan_budget is None:
+            return
+        # This round's own Python: its plan and this bookkeeping.
+        spent = self._plan_took + time.perf_counter() - t0
+        self._plan_took = 0.0
+        if n_drafted == 0:
+            self.loop.add(spent)
+        elif self.loop.value is not None:
+            self.loop_per_row.add(max(spent - self.loop.value, 0.0), n_drafted)
 
     def record_decode(self, rows: int, seconds: float) -> None:
         """A target decode of ``rows`` rows, shared by several sequences, took ``seconds``."""
@@ -785,14 +786,18 @@ class Controller:
         remaining: int | None = None,
         decode: _DecodeSeconds | None = None,
         prune: bool = True,
+        bar: float = 0.0,
     ) -> _Option | None:
         """The fastest of drafting γ in ``gammas`` with ``drafter`` (None if its cost is unknown); ``alpha``
         replaces a draft model's acceptance estimate. Rates are the batch's: ``load``'s tokens and seconds in.
         ``remaining``: the request's tokens left, over which the allowed part of a catch-up is spread. ``decode``:
-        the plan's decode costs (worked out here if not given). ``prune=False`` weighs every γ (the tests' reference
-        for the bound that stops early)."""
+        the plan's decode costs (worked out here if not given). ``bar``: the rate a draft has to beat to be chosen;
+        None where not even the longest draft's expected tokens for the plain decode's cost could. ``prune=False``
+        weighs every γ (the tests' reference for the bounds)."""
         cost = self._draft_cost(drafter) if cost is None else cost
-        if cost is None or not gammas:
+        if cost is None:
+            cost = 0.0  # never measured: weighed at no cost, so that it is tried and measured
+        if not gammas:
             return None
         decode = _DecodeSeconds(load, curve) if decode is None else decode
         switch = 0.0
@@ -820,6 +825,11 @@ class Controller:
                     allowed = st.gap * min(per_token, self.catchup_allowance * curve[1]) / max(remaining, 1)
         # The most any γ here can count for: the expected tokens grow with γ, and the batch's count with them.
         top = load.batch_tokens(float(expected(gammas[-1])))
+        if prune and top <= bar * (decode(1) + load.seconds + self.loop_seconds(1)):
+            # A draft's decode has more rows than the plain one and costs no less (on every curve measured), so
+            # none can pay: most of lookup's proposals in text that copies nothing are guesses that end here,
+            # without their decodes' passes worked out (a plan for 4 lanes on a GPU: ~1/5 of a step, for nothing).
+            return None
         best = None
         for gamma in gammas:
             # Every γ from here on costs at least this (drafting and the catch-up share grow with γ; the decode
@@ -828,13 +838,14 @@ class Controller:
             # all 16 widths twice took ~30-60 µs alone and ~90-160 µs at 4 lanes on the dev CPU: beside a GPU's
             # decode of ~2-4 ms, up to a fifth of a step).
             own = float(expected(gamma))
+            loop = self.loop_seconds(gamma)
             if prune and best is not None:
-                floor = decode.floor + gamma * cost + switch + allowed * own + load.seconds
+                floor = decode.floor + gamma * cost + switch + allowed * own + load.seconds + loop
                 if top <= best[0] * floor:
                     break
             tokens = load.batch_tokens(own)
             seconds = decode(gamma + 1) + self._width_change(gamma + 1) + gamma * cost + switch + allowed * own
-            seconds += load.seconds
+            seconds += load.seconds + loop
             if best is None or tokens / seconds > best[0]:
                 best = (tokens / seconds, gamma, tokens, seconds, own)
         assert best is not None
@@ -852,42 +863,6 @@ class Controller:
             return 0.0
         return 2.0 * switch if last == 1 else switch
 
-    def _pick_probe(
-        self, best: _Option, caps: dict[str, int], curve: list[float], load: Load, decode: _DecodeSeconds
-    ) -> _Option | None:
-        """The idle drafter whose credit covers a short draft's expected loss with the most to spare."""
-        chosen, spare = None, -math.inf
-        self._probe_price = {}  # past it, a reused plan would miss the probe: plan again
-        for d, cap in caps.items():
-            if d == best.drafter or d == LOOKUP or cap == 0:  # lookup is checked every round for free
-                continue
-            st = self._state[d]
-            # A drafter never measured costs, for this purpose, a target step per token: its first probe is
-            # immediate (infinite credit), a retry (it drafted nothing) waits for credit like any probe.
-            cost = self._draft_cost(d)
-            if cost is not None:
-                # Pointless where even a drafter that is nearly always right would lose (a draft model on a CPU,
-                # where its steps and the wide verify cost more than the tokens they save). Not "always right":
-                # no draft model is, and at α=1 a 15-token draft would just break even on the dev CPU.
-                ceiling = self._option(
-                    d, range(1, cap + 1), curve, cost, alpha=PROBE_CEILING_ALPHA, load=load, decode=decode
-                )
-                if ceiling is not None and ceiling.rate <= best.rate:
-                    continue
-            gamma = min(self.probe_gamma, cap)
-            option = self._option(
-                d, range(gamma, gamma + 1), curve, curve[1] if cost is None else cost, load=load, decode=decode
-            )
-            assert option is not None
-            # A probe pays its whole catch-up: the allowance that keeps a drafter in the game when it is chosen
-            # on its merits is no reason to spend exploration on it.
-            allowed = st.gap * min(st.catchup.value or 0.0, self.catchup_allowance * curve[1]) if st.gap > 2 else 0.0
-            loss = option.seconds - option.tokens / best.rate + allowed
-            self._probe_price[d] = loss
-            if st.credit >= loss and st.credit - loss > spare:
-                chosen, spare = option, st.credit - loss
-        return chosen
-
     def _record_draft_cost(self, st: _DrafterState, n_drafted: int, t_draft: float) -> None:
         per_token = st.cost.value
         # A gap of a token or two is the usual pending input ([t] or [d_γ, t]), part of every round's cost.
@@ -897,13 +872,14 @@ class Controller:
             return
         if per_token is None:
             # First price. A long catch-up is counted as drafted tokens: better to underestimate, since a
-            # drafter that looks cheap gets used and re-measured, while one that looks dear is only probed.
-            if n_drafted:  # a round that drafted nothing cannot price a token
-                st.cost.add(t_draft, n_drafted + (st.gap if st.gap > 2 else 0))
+            # drafter that looks cheap gets used and re-measured, while one that looks dear is not tried again. A
+            # round that drafted nothing prices its time as one token's (or the drafter would be tried every round).
+            st.cost.add(t_draft, max(n_drafted, 1) + (st.gap if st.gap > 2 else 0))
             return
         # Time spent drafting nothing is overhead spread over the tokens drafted; a hiccup is clipped so that
         # one slow round is not taken for a new cost level.
-        st.cost.add(min(t_draft, 3.0 * per_token * max(n_drafted, 1)), n_drafted)
+        clip = self.config.draft_hiccup_clip
+        st.cost.add(min(t_draft, clip * per_token * max(n_drafted, 1)), n_drafted)
 
     def _describe(self, option: _Option, plain: _Option | None) -> str:
         assert option.drafter is not None

@@ -10,13 +10,13 @@ starts at ``tokens[e]``). Positions are appended in increasing order, so the las
 occurrence, and removing a suffix of the text (a new request that shares only part of the last one's context)
 pops exactly the entries it added. Each committed token is indexed once. Where the n-gram occurred more than once,
 the proposal copies the occurrence whose preceding text agrees longest with the text before the n-gram (of its
-latest :data:`SOURCE_CANDIDATES`; the latest on a tie). (Replayed on 26 recorded Qwen code edits at five decode cost
+latest ``source_candidates``; the latest on a tie). (Replayed on 26 recorded Qwen code edits at five decode cost
 curves measured on the 2-core dev CPU, auto's pooled share of the lookup ceiling went from 53-60 % to 56-64 %; the
 answers that copy little stayed where they were.)
 
 An edit that changes one token throughout (a rename, an indentation width) breaks every copy at each place the
 token occurs. So the drafter watches the copy its last proposal came from: where the output wrote ``y`` in place
-of the source's ``x`` and then went on copying (:data:`RESUME_TO_CONFIRM` tokens), it learns the *substitution*
+of the source's ``x`` and then went on copying (``resume_to_confirm`` tokens), it learns the *substitution*
 ``x -> y`` and writes ``y`` for ``x`` in later proposals; a substitution the output does not follow once is
 dropped. (Replayed on recorded Qwen answers to a rename, a re-indent and an added parameter at two decode cost
 curves measured on the 2-core dev CPU, lookup under the controller went from 1.24x to 1.32x and from 1.32x to 1.39x
@@ -36,9 +36,23 @@ from edgespec.sampling import SamplingParams, Uniforms
 
 NGram = tuple[int, ...]
 AGREEMENT_CAP = 64  # how far back last_agreement compares: a longer agreement says nothing more
-RESUME_TO_CONFIRM = 2  # tokens the copy must go on for after a changed one before the change counts as a substitution
-MAX_SUBSTITUTIONS = 32  # an edit changes a few tokens throughout, not dozens
-SOURCE_CANDIDATES = 8  # the latest occurrences of a repeated n-gram weighed as the place being copied
+
+
+@dataclass(frozen=True)
+class LookupConfig:
+    """The drafter's tuned numbers (see the module docstring and docs/ablation.md for what each earns)."""
+
+    # The n-gram lengths matched (llama.cpp's n-gram cache uses 1..4): a single repeated token (a bracket, a space)
+    # predicts its successor poorly, and a rejected draft still widens the verify (on a CPU ~half a decode a token).
+    min_n: int = 2
+    max_n: int = 4
+    learn_substitutions: bool = True  # watch the copies for one-token edits made throughout (the module docstring)
+    resume_to_confirm: int = 2  # tokens a copy must go on for after a changed one before the change is a substitution
+    max_substitutions: int = 32  # an edit changes a few tokens throughout, not dozens
+    source_candidates: int = 8  # the latest occurrences of a repeated n-gram weighed as the place being copied
+
+
+DEFAULT_LOOKUP = LookupConfig()
 
 
 @dataclass
@@ -55,28 +69,20 @@ class LookupDrafter:
     """Deterministic drafter (``q=None``) that copies the continuation of the longest n-gram match, from the
     occurrence whose preceding text agrees longest.
 
-    ``min_n``/``max_n`` bound the n-gram length (llama.cpp's n-gram cache uses 1..4). The default skips
-    1-grams: a single repeated token (a bracket, a space) predicts its successor poorly, and a rejected draft
-    still widens the verify, which on a CPU costs about half a decode per token. ``learn_substitutions``: watch
-    the copies for one-token edits made throughout (see the module docstring). ``is_end``: the target's test for an
-    end-of-generation token; a proposal then ends with the first one it copies (see :meth:`propose`).
+    ``config``: the n-gram lengths and the substitutions' and sources' numbers (:class:`LookupConfig`). ``is_end``: the
+    target's test for an end-of-generation token; a proposal then ends with the first one it copies (see
+    :meth:`propose`).
     """
 
     name = "lookup"
 
-    def __init__(
-        self,
-        min_n: int = 2,
-        max_n: int = 4,
-        *,
-        learn_substitutions: bool = True,
-        is_end: Callable[[int], bool] | None = None,
-    ) -> None:
-        if not 1 <= min_n <= max_n:
-            raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
-        self.min_n = min_n
-        self.max_n = max_n
-        self.learn_substitutions = learn_substitutions
+    def __init__(self, config: LookupConfig = DEFAULT_LOOKUP, *, is_end: Callable[[int], bool] | None = None) -> None:
+        if not 1 <= config.min_n <= config.max_n:
+            raise ValueError(f"need 1 <= min_n <= max_n, got min_n={config.min_n}, max_n={config.max_n}")
+        self.config = config
+        self.min_n = config.min_n
+        self.max_n = config.max_n
+        self.learn_substitutions = config.learn_substitutions
         self.last_ngram = 0  # n of the match behind the last proposal (0: none), for diagnostics and tests
         # How many tokens before that n-gram also agree with the text before its earlier occurrence (at most
         # AGREEMENT_CAP): 0 where the match may be a coincidence, many where the output is copying that place.
@@ -93,7 +99,7 @@ class LookupDrafter:
         self._tokens: list[int] = []  # what the index covers
         self._given = 0  # how many of them the last reset was given (the prompt); the rest were committed since
         # _index[n - min_n][ngram] = ascending ends e with tokens[e-n:e] == ngram and e < len(tokens)
-        self._index: list[dict[NGram, list[int]]] = [{} for _ in range(min_n, max_n + 1)]
+        self._index: list[dict[NGram, list[int]]] = [{} for _ in range(self.min_n, self.max_n + 1)]
 
     # ----- the Drafter protocol -----------------------------------------------------------------------------
     def reset(self, context: Sequence[int]) -> None:
@@ -159,7 +165,7 @@ class LookupDrafter:
         self._sync(context)
 
     def _source(self, hits: list[int], n: int, end: int) -> tuple[int, int]:
-        """Of the latest :data:`SOURCE_CANDIDATES` ends of the suffix n-gram, the one whose preceding text agrees
+        """Of the latest ``source_candidates`` ends of the suffix n-gram, the one whose preceding text agrees
         longest with the text before the suffix (the latest on a tie), and that agreement.
 
         A repeated n-gram (an indented ``return``, a closing bracket) is most recently found in the output's own
@@ -167,7 +173,7 @@ class LookupDrafter:
         finds it, as a suffix tree's longest match would."""
         tokens, subs, repeated = self._tokens, self.substitutions, self._repeated
         best, best_agreement = hits[-1], -1
-        for e in reversed(hits[-SOURCE_CANDIDATES:]):
+        for e in reversed(hits[-self.config.source_candidates :]):
             agreement = _agreement(tokens, e - n, end - n, subs, repeated)
             if agreement > best_agreement:
                 best, best_agreement = e, agreement
@@ -217,9 +223,9 @@ class LookupDrafter:
                 copy.changed, copy.resumed = (there, here), 0
             elif here == subs.get(there, there):
                 copy.resumed += 1
-                if copy.resumed >= RESUME_TO_CONFIRM:
+                if copy.resumed >= self.config.resume_to_confirm:
                     there_was, here_is = copy.changed
-                    if there_was in subs or len(subs) < MAX_SUBSTITUTIONS:
+                    if there_was in subs or len(subs) < self.config.max_substitutions:
                         subs[there_was] = here_is
                         self._repeated.discard(there_was)  # made once so far, as this substitution
                     copy.changed = None

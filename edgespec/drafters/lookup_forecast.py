@@ -29,14 +29,9 @@ evidence, its hazard follows the rule of succession: after ``a + k - 1`` agreein
 ``k - 1`` proposed ones), the next agrees with probability ``(a + k) / (a + k + f)``, ``f`` pseudo-failures making it
 cautious (on a CPU a wrong long draft costs several decode steps for one token).
 
-A firmer anchor is never less reliable: from agreement 2 up, a bucket's hazard at k is at least that of the buckets
-below it (down to 2) where those have seen token k tested. Within one long copy the agreement climbs through the
-buckets a round or two at a time, and each would otherwise start from its prior while the lower ones have just
-watched the copy run. Replayed on recorded answers (tests/data/qwen_corpus_traces.json: 16 code edits of 8 snippets
-in 5 languages, 10 summaries and proof-readings, 10 answers that copy little) at four decode cost curves measured
-on 2-core dev CPUs, auto's share of the lookup ceiling went from 48-62 % to 54-64 % on the code edits and from
-49-62 % to 53-63 % on the summaries; the answers that copy little stayed within 0.1 % of where they were (0.993x-1.001x
-plain). Agreements 0 and 1 (bare matches, mostly guesses) neither lift nor are lifted.
+(Each bucket learns from its own evidence alone. Lifting a bucket's hazards to those of the lower buckets, from
+agreement 2 up, took code edits from 48 % to 54 % of the lookup ceiling before the coverage below existed; beside
+it, removing the lift moved no class by more than the replay's spread: docs/ablation.md.)
 
 A reply that is copying its prompt says so before the agreement does. An edit breaks the copy at every changed
 token, and where the copy resumes, the text just before the match differs from the source (the edit is there), so
@@ -46,7 +41,7 @@ copies, low elsewhere), together with where the match comes from: an n-gram that
 prompt (:attr:`~edgespec.drafters.lookup.LookupDrafter.last_from_prompt`). In recorded Qwen code edits such
 proposals at agreement 0-3 were right for 8-13 tokens on average where the coverage was at least 0.5, other matches
 there for 1.4; in answers that copy little the coverage rarely reached 0.5. So while the coverage is at least
-:data:`COPYING_COVERAGE`, a proposal from the prompt counts as anchored by at least :data:`COPY_AGREEMENT` tokens
+``copying_coverage``, a proposal from the prompt counts as anchored by at least ``copy_agreement`` tokens
 (and shares that bucket's evidence), once a token has been written since a proposal last missed: a proposal made
 right at the token where the reply left the copy continues the source as if nothing had been inserted, and at an
 insertion (an added line) it misses again. Replayed at ten decode cost curves (eight measured on 2-core dev CPUs,
@@ -67,21 +62,30 @@ from itertools import accumulate
 
 from edgespec.drafters.lookup import AGREEMENT_CAP
 
-# The least agreement bucket (agreements 2-3) whose evidence lifts the buckets above it: see the module docstring.
-LIFT_FROM_BUCKET = 2
-# A reply copying its prompt (see the module docstring): while lookup predicted at least this share of the recent
-# committed tokens, a proposal from the prompt counts as anchored by COPY_AGREEMENT tokens at least. (Chosen by
-# replay among 0.5-0.8 and 2-16: at 0.5 summaries drafted on where they lost, at 0.7 the new edits gained 1 point
-# where 0.6 gained 5.)
-COPYING_COVERAGE = 0.6
-COPY_AGREEMENT = 8
-COVERAGE_FADE = 0.97  # per committed token: the coverage describes the last ~30 tokens
-# Committed tokens (faded) of this request before the coverage says anything: with 4, a math answer that restated its
-# question drafted 15 tokens at a restart and lost 2.6 % at one curve.
-COVERAGE_LEAST = 16.0
-# Tokens written since a proposal last missed before a proposal from the prompt counts as a copy: at 0 the held-out
-# edits' inserted lines lost 2 points, at 3 the untuned and the new edits gained 3 and 1 fewer.
-AFTER_MISS = 1
+
+@dataclass(frozen=True)
+class ForecastConfig:
+    """The forecast's tuned numbers (chosen by replaying recorded generations: see the module docstring and
+    docs/ablation.md)."""
+
+    decay: float = 0.98  # evidence kept per committed token: the hazards describe the last ~50 tokens of text
+    prior_weight: float = 2.0  # observations the rule-of-succession prior counts for
+    prior_failures: float = 2.0  # its f: pseudo-failures that make a bare match cautious
+    # A reply copying its prompt: while lookup predicted at least this share of the recent committed tokens, a
+    # proposal from the prompt counts as anchored by copy_agreement tokens at least (chosen among 0.5-0.8 and 2-16:
+    # at 0.5 summaries drafted where they lost, at 0.7 the new edits gained 1 point where 0.6 gained 5).
+    copying_coverage: float = 0.6
+    copy_agreement: int = 8  # the agreement such a proposal counts for
+    coverage_fade: float = 0.97  # per committed token: the coverage describes the last ~30 tokens
+    # Committed tokens (faded) of this request before the coverage says anything: with 4, a math answer that
+    # restated its question drafted 15 tokens at a restart and lost 2.6 % at one curve.
+    coverage_least: float = 16.0
+    # Tokens written since a proposal last missed before a proposal from the prompt counts as a copy: at 0 the
+    # held-out edits' inserted lines lost 2 points, at 3 the untuned and the new edits gained 3 and 1 fewer.
+    after_miss: int = 1
+
+
+DEFAULT_FORECAST = ForecastConfig()
 
 
 def agreement_bucket(agreement: int) -> int:
@@ -102,26 +106,16 @@ class LookupForecast:
     """Survival of prompt lookup's proposals by agreement, from proposals checked against committed tokens.
 
     Per round: :meth:`offer` the proposal (before the plan), :meth:`survival` for the plan, then :meth:`commit`
-    the tokens the round committed. ``decay``: how much of the evidence survives each committed token;
-    ``prior_weight``: how many observations the rule-of-succession prior counts for; ``prior_failures``: its ``f``.
-    (The defaults were chosen by replaying recorded generations of the bench's prompts and of a held-out set.)
+    the tokens the round committed. ``config``: the tuned numbers (:class:`ForecastConfig`).
     """
 
-    def __init__(
-        self,
-        max_len: int,
-        *,
-        decay: float = 0.98,
-        prior_weight: float = 2.0,
-        prior_failures: float = 2.0,
-        max_agreement: int = AGREEMENT_CAP,
-    ) -> None:
+    def __init__(self, max_len: int, config: ForecastConfig = DEFAULT_FORECAST, max_agreement: int = AGREEMENT_CAP):
         if max_len < 1:
             raise ValueError("max_len must be >= 1")
         self.max_len = max_len
-        self.decay = decay
-        self.prior_weight = prior_weight
-        self.prior_failures = prior_failures
+        self.config = config
+        self.decay = config.decay
+        self.prior_weight = config.prior_weight
         self.max_agreement = max_agreement
         self._bucket = 0  # the current proposal's agreement_bucket
         self._offer: list[int] = []
@@ -137,15 +131,17 @@ class LookupForecast:
         self._hits = [[0.0] * max_len for _ in range(n_buckets)]  # of those, right at position k
         self._scale = 1.0
         low_ends = [0] + [1 << (b - 1) for b in range(1, n_buckets)]  # the least agreement of each bucket
-        self._prior = [[(low + k) / (low + k + prior_failures) for k in range(1, max_len + 1)] for low in low_ends]
+        f = config.prior_failures
+        self._prior = [[(low + k) / (low + k + f) for k in range(1, max_len + 1)] for low in low_ends]
 
     # ----- per round ---------------------------------------------------------------------------------------
     def offer(self, tokens: Sequence[int], agreement: int = 0, from_prompt: bool = False) -> None:
         """The lookup proposal at the current position (empty if it found none), its ``agreement``, and whether its
         n-gram occurred once before, in the prompt (``from_prompt``)."""
         self._offer = [int(t) for t in tokens[: self.max_len]]
-        if from_prompt and self.coverage >= COPYING_COVERAGE and self._since_miss >= AFTER_MISS:
-            agreement = max(agreement, COPY_AGREEMENT)  # a copy going on past an edit
+        config = self.config
+        if from_prompt and self.coverage >= config.copying_coverage and self._since_miss >= config.after_miss:
+            agreement = max(agreement, config.copy_agreement)  # a copy going on past an edit
         self._bucket = agreement_bucket(min(max(agreement, 0), self.max_agreement))
         if self._offer:
             self._pending.append(_Pending(self._bucket, self._offer))
@@ -199,16 +195,16 @@ class LookupForecast:
 
     @property
     def coverage(self) -> float:
-        """The share of this request's recent committed tokens (fading by :data:`COVERAGE_FADE` a token) that the
-        proposal offered before them predicted; 0 until :data:`COVERAGE_LEAST` of them."""
-        return self._predicted / self._committed if self._committed >= COVERAGE_LEAST else 0.0
+        """The share of this request's recent committed tokens (fading by ``coverage_fade`` a token) that the
+        proposal offered before them predicted; 0 until ``coverage_least`` of them."""
+        return self._predicted / self._committed if self._committed >= self.config.coverage_least else 0.0
 
     def _count_coverage(self, committed: list[int]) -> None:
         offer, n = self._offer, len(committed)
         predicted = 0
         while predicted < min(len(offer), n) and offer[predicted] == committed[predicted]:
             predicted += 1
-        fade = COVERAGE_FADE
+        fade = self.config.coverage_fade
         if n == 1:  # most rounds (every plain one): the sums below, in one step
             self._predicted = self._predicted * fade + predicted
             self._committed = self._committed * fade + 1.0
@@ -222,28 +218,8 @@ class LookupForecast:
     # ----- estimates ---------------------------------------------------------------------------------------
     def hazard(self, bucket: int, length: int | None = None) -> list[float]:
         """``h[k-1]`` = P(token k of a proposal made in agreement bucket ``bucket`` is right | tokens before k were),
-        for k up to ``length`` (all by default): the bucket's own estimate, or where a lower bucket (from
-        :data:`LIFT_FROM_BUCKET` up) has seen token k tested and estimates it higher, that bucket's."""
+        for k up to ``length`` (all by default), from the bucket's evidence and prior."""
         n = self.max_len if length is None else length
-        own = self._own_hazard(bucket, n)
-        if bucket <= LIFT_FROM_BUCKET:
-            return own
-        # The lower buckets' estimates, only where they saw position k tested (at least one faded proposal: a lower
-        # bucket's prior alone says nothing about a higher one). One pass over their counts: this runs every plan,
-        # where building a list per bucket cost as much as the rest of the plan.
-        w, scale = self.prior_weight, self._scale
-        for b in range(LIFT_FROM_BUCKET, bucket):
-            hits_b, trials_b, prior_b = self._hits[b], self._trials[b], self._prior[b]
-            for k in range(n):
-                trials = trials_b[k] * scale
-                if trials >= 1.0:
-                    h = (hits_b[k] * scale + w * prior_b[k]) / (trials + w)
-                    if h > own[k]:
-                        own[k] = h
-        return own
-
-    def _own_hazard(self, bucket: int, n: int) -> list[float]:
-        """The bucket's hazards from its own evidence and prior, k = 1..n."""
         w, scale = self.prior_weight, self._scale
         return [
             (hits * scale + w * prior) / (trials * scale + w)
