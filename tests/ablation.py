@@ -73,13 +73,11 @@ class Variant:
 VARIANTS: dict[str, Variant] = {
     "full": Variant(),
     "coverage": Variant(forecast={"copying_coverage": 2.0}),
-    "after-miss wait": Variant(forecast={"after_miss": 0}),
     "agreement buckets": Variant(forecast={"copying_coverage": 2.0}, one_bucket=True),
     "substitutions": Variant(lookup={"learn_substitutions": False}),
     "source choice": Variant(lookup={"source_candidates": 1}),
     "min_gain margin": Variant(controller={"min_gain": 0.0}),
     "width-change pricing": Variant(switch_blind=True),
-    "hiccup clip": Variant(controller={"hiccup_clip": 1e9}),
     # The draft model's mechanisms, with a draft model in the replay.
     "model: full": Variant(model=True),
     "model: idle decay": Variant(controller={"idle_decay": 1.0}, model=True),
@@ -87,7 +85,7 @@ VARIANTS: dict[str, Variant] = {
 }
 # Mechanisms whose purpose is noisy timings: replayed with noise (sigma NOISY) and averaged over the seeds.
 NOISY = 0.25
-NOISY_VARIANTS = ("full", "hiccup clip", "min_gain margin")
+NOISY_VARIANTS = ("full", "min_gain margin")
 # The draft model's mechanisms where a draft model can pay: the synthetic GPU profile (not a recorded curve: at the
 # recorded ones the draft model loses at any acceptance), on simulate()'s synthetic streams, and the recorded
 # profiles for comparison. Scenario: (name, drafters, acceptance by tokens generated, lookup schedule, tokens).

@@ -136,18 +136,6 @@ def test_while_the_reply_copies_its_prompt_a_match_from_the_prompt_counts_as_anc
     # A firmer anchor keeps its own agreement.
     assert survival(True, 40, True) == pytest.approx(survival(True, 40, False))
 
-    # Right where the reply has just left the copy (an inserted line), the source's continuation is no copy yet:
-    # it counts again once a token has been written since the miss.
-    f = LookupForecast(8, ForecastConfig(decay=1.0))
-    _copying(f, 40, predicted=True)
-    f.offer([5, 6, 7])
-    f.commit([5, 9])  # the proposal missed at its second token; 9 was the target's own
-    f.offer([1, 2, 3], 0, True)
-    assert f._bucket == agreement_bucket(0)
-    f.commit([1])
-    f.offer([2, 3], 0, True)
-    assert f._bucket == agreement_bucket(DEFAULT_FORECAST.copy_agreement)
-
 
 def test_sampled_acceptance_is_estimated_without_bias():
     # Each proposed token is right with probability 0.7 (as a one-hot draft at temperature > 0 is accepted with

@@ -72,10 +72,6 @@ class ControllerConfig:
     # The margin by which a draft's expected rate must beat plain decoding's: the estimates are noisy, and the best
     # of several noisy estimates is biased upward, so a bare win is as likely a loss.
     min_gain: float = 0.03
-    # A decode timing counts at most this multiple of its width's estimate: a decode delayed by something else on
-    # the machine (common on 2 cores) is not a new cost level; a real change (a longer context) still gets through.
-    hiccup_clip: float = 1.25
-    draft_hiccup_clip: float = 3.0  # the same for a draft model's per-token cost
     # With a plan budget (see Controller): a plain plan is reused for at most this many rounds, whatever it costs,
     max_plan_reuse: int = 16
     settled_slack: float = 0.1  # ... while the others' drafting seconds stay within this share of a one-token decode
@@ -275,11 +271,10 @@ class VerifyCost:
     CPU's 4-token decode is cheaper than its 3-token one).
     """
 
-    def __init__(self, decay: float, slope_prior: float, optimism: float, clip: float = 1.25) -> None:
+    def __init__(self, decay: float, slope_prior: float, optimism: float) -> None:
         self.decay = decay
         self.slope_prior = slope_prior
         self.optimism = optimism
-        self.clip = clip  # a decode timing counts at most this multiple of its width's estimate
         self._by_b: dict[int, DecayedRatio] = {}
         # What the curve is worked out from, kept up to date by add: each width's estimate, and the widths in order.
         self._values: dict[int, float] = {}
@@ -312,10 +307,6 @@ class VerifyCost:
                 seconds = max(seconds - self.switch, 0.0)
             self._last_b = b
         est = self._by_b.setdefault(b, DecayedRatio(self.decay))
-        known = est.value
-        if known is not None:
-            # A decode delayed by something else on the machine is clipped: it moves the estimate a little.
-            seconds = min(seconds, self.clip * known)
         est.add(seconds)
         value = est.value
         assert value is not None  # a sample was just added
@@ -507,7 +498,7 @@ class Controller:
         # The target's decode cost is the machine's, not a sequence's: the controllers of an engine's sequences
         # share one curve (``verify_cost``), and each keeps its own acceptance evidence.
         self._verify = verify_cost if verify_cost is not None else VerifyCost(
-            config.cost_decay, config.verify_slope_prior, config.optimism, config.hiccup_clip
+            config.cost_decay, config.verify_slope_prior, config.optimism
         )  # fmt: skip
         self._state = {
             d: _DrafterState(
@@ -876,10 +867,7 @@ class Controller:
             # round that drafted nothing prices its time as one token's (or the drafter would be tried every round).
             st.cost.add(t_draft, max(n_drafted, 1) + (st.gap if st.gap > 2 else 0))
             return
-        # Time spent drafting nothing is overhead spread over the tokens drafted; a hiccup is clipped so that
-        # one slow round is not taken for a new cost level.
-        clip = self.config.draft_hiccup_clip
-        st.cost.add(min(t_draft, clip * per_token * max(n_drafted, 1)), n_drafted)
+        st.cost.add(t_draft, n_drafted)  # time spent drafting nothing is overhead spread over the tokens drafted
 
     def _describe(self, option: _Option, plain: _Option | None) -> str:
         assert option.drafter is not None

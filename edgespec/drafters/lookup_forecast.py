@@ -42,15 +42,14 @@ prompt (:attr:`~edgespec.drafters.lookup.LookupDrafter.last_from_prompt`). In re
 proposals at agreement 0-3 were right for 8-13 tokens on average where the coverage was at least 0.5, other matches
 there for 1.4; in answers that copy little the coverage rarely reached 0.5. So while the coverage is at least
 ``copying_coverage``, a proposal from the prompt counts as anchored by at least ``copy_agreement`` tokens
-(and shares that bucket's evidence), once a token has been written since a proposal last missed: a proposal made
-right at the token where the reply left the copy continues the source as if nothing had been inserted, and at an
-insertion (an added line) it misses again. Replayed at ten decode cost curves (eight measured on 2-core dev CPUs,
+(and shares that bucket's evidence). (Waiting for a token to be written after a proposal missed before counting one
+as a copy, for the case where the reply has just left the copy at an inserted line, moved no class beyond the
+replay's spread: docs/ablation.md.) Replayed at ten decode cost curves (eight measured on 2-core dev CPUs,
 the H200's, the CPU profile), auto's share of the lookup ceiling went, averaged over the curves, from 50 % to 52 %
 on the bench's code edits (higher at eight curves, lower at one), from 47 % to 58 % on the untuned ones (higher at
 nine), from 48 % to 53 % on eight code edits written afterwards to check it (higher at nine;
-tests/data/validation-code-edits.toml, which then also decided between 0.6 and 0.7 below and the wait after a
-miss), held-out edits 61 % -> 62 %, summaries 53 % -> 54 %; the answers that copy little replayed at unchanged
-speeds at every curve.
+tests/data/validation-code-edits.toml, which then also decided between 0.6 and 0.7 below), held-out edits 61 % ->
+62 %, summaries 53 % -> 54 %; the answers that copy little replayed at unchanged speeds at every curve.
 """
 
 from __future__ import annotations
@@ -80,9 +79,6 @@ class ForecastConfig:
     # Committed tokens (faded) of this request before the coverage says anything: with 4, a math answer that
     # restated its question drafted 15 tokens at a restart and lost 2.6 % at one curve.
     coverage_least: float = 16.0
-    # Tokens written since a proposal last missed before a proposal from the prompt counts as a copy: at 0 the
-    # held-out edits' inserted lines lost 2 points, at 3 the untuned and the new edits gained 3 and 1 fewer.
-    after_miss: int = 1
 
 
 DEFAULT_FORECAST = ForecastConfig()
@@ -121,7 +117,6 @@ class LookupForecast:
         self._offer: list[int] = []
         self._predicted = 0.0  # faded count of this request's committed tokens that the proposal before them predicted
         self._committed = 0.0  # faded count of this request's committed tokens
-        self._since_miss = 0  # tokens committed since the last one a proposal predicted wrong
         self._pending: list[_Pending] = []
         n_buckets = agreement_bucket(max_agreement) + 1
         # Counts in plain lists (this runs every round, right after a decode, where each numpy call is dear) and
@@ -140,7 +135,7 @@ class LookupForecast:
         n-gram occurred once before, in the prompt (``from_prompt``)."""
         self._offer = [int(t) for t in tokens[: self.max_len]]
         config = self.config
-        if from_prompt and self.coverage >= config.copying_coverage and self._since_miss >= config.after_miss:
+        if from_prompt and self.coverage >= config.copying_coverage:
             agreement = max(agreement, config.copy_agreement)  # a copy going on past an edit
         self._bucket = agreement_bucket(min(max(agreement, 0), self.max_agreement))
         if self._offer:
@@ -191,7 +186,6 @@ class LookupForecast:
         self._pending.clear()
         self._offer = []
         self._predicted = self._committed = 0.0
-        self._since_miss = 0
 
     @property
     def coverage(self) -> float:
@@ -212,8 +206,6 @@ class LookupForecast:
             # Oldest first: the i-th of the n committed tokens has faded n - 1 - i times by the end of the round.
             self._predicted = self._predicted * fade**n + sum(fade ** (n - 1 - i) for i in range(predicted))
             self._committed = self._committed * fade**n + sum(fade**i for i in range(n))
-        missed = predicted < min(len(offer), n)
-        self._since_miss = n - predicted - 1 if missed else self._since_miss + n
 
     # ----- estimates ---------------------------------------------------------------------------------------
     def hazard(self, bucket: int, length: int | None = None) -> list[float]:
