@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fakes import FakeModel  # noqa: E402
 
-from edgespec.bench_load import closed_loop, engine_runner  # noqa: E402
+from edgespec.bench.load import closed_loop, engine_runner  # noqa: E402
 from edgespec.drafters.controller_sim import H200_PROFILE, CostProfile  # noqa: E402
 from edgespec.engine import Engine  # noqa: E402
 from edgespec.models.microbatch import decode_passes  # noqa: E402

@@ -13,18 +13,12 @@ import jsonschema
 import pytest
 from click.testing import CliRunner
 
-from edgespec.bench import (
-    PEER_STRATEGIES,
-    RunRecord,
-    format_table,
-    load_tasks,
-    overall_speedup,
-    parse_strategies,
-    percentile,
-    render_prompt,
-    run_bench,
-    summarize,
-)
+from edgespec.bench.measure import RunRecord
+from edgespec.bench.report import overall_speedup, summarize
+from edgespec.bench.runner import run_bench
+from edgespec.bench.strategies import PEER_STRATEGIES, parse_strategies
+from edgespec.bench.tables import format_table, percentile
+from edgespec.bench.workloads import load_tasks, render_prompt
 from edgespec.cli import main
 from edgespec.errors import EdgespecError
 from edgespec.sampling import SamplingParams
@@ -193,19 +187,20 @@ def test_run_bench_on_the_tiny_model_with_every_strategy(tiny_model_path: Path) 
 
 @pytest.mark.real
 def test_repeats_rerun_each_class_on_a_fresh_auto_engine_priced_apart(tiny_model_path: Path, monkeypatch) -> None:
-    import edgespec.bench as bench
+    import edgespec.bench.runner as runner
+    from edgespec.bench.report import render_report
     from edgespec.models.backend import Model
 
     made: list[str] = []  # the engines built, by strategy
-    real_engine_for = bench._engine_for
+    real_engine_for = runner.engine_for
 
     def counting(name, *args, **kwargs):
         made.append(name)
         return real_engine_for(name, *args, **kwargs)
 
     priced: list[int] = []
-    monkeypatch.setattr(bench, "_engine_for", counting)
-    monkeypatch.setattr(bench, "decode_costs", lambda *a, **k: priced.append(1) or {b: 0.01 * b for b in range(1, 18)})
+    monkeypatch.setattr(runner, "engine_for", counting)
+    monkeypatch.setattr(runner, "decode_costs", lambda *a, **k: priced.append(1) or {b: 0.01 * b for b in range(1, 18)})
     tasks = load_tasks(["code-edit", "summarize"], prompts_per_task=1)
     params = SamplingParams(temperature=0, max_tokens=6)
     seen: list[tuple[int, int]] = []
@@ -224,7 +219,7 @@ def test_repeats_rerun_each_class_on_a_fresh_auto_engine_priced_apart(tiny_model
     assert all(r.ceiling is not None for r in records)
     summary = result.summaries()["code-edit"]
     assert summary["plain"].runs == 2 and summary["plain"].same_as_plain == 2 and summary["auto"].runs == 2
-    text = bench.render_report(result)
+    text = render_report(result)
     assert "code-edit: 1 prompt(s) x 2 repeats" in text and "speedup by repeat" in text
     with pytest.raises(ValueError, match="repeats"):
         run_bench(target, None, tasks, ["plain"], params, repeats=0)  # before anything runs
@@ -233,7 +228,7 @@ def test_repeats_rerun_each_class_on_a_fresh_auto_engine_priced_apart(tiny_model
 def test_the_report_pools_repeats_and_gives_the_range_of_their_speedups_and_shares() -> None:
     from dataclasses import replace
 
-    from edgespec.bench import BenchResult, render_report
+    from edgespec.bench.report import BenchResult, render_report
 
     def run(strategy: str, tokens: int, repeat: int) -> RunRecord:
         return replace(record("edit", "a", strategy, tokens=tokens, seconds=1.0, rounds=tokens), ceiling=2.0,
@@ -257,8 +252,10 @@ def test_the_report_pools_repeats_and_gives_the_range_of_their_speedups_and_shar
 
 @pytest.mark.real
 def test_each_class_ceiling_is_priced_at_the_costs_measured_around_it(tiny_model_path: Path, monkeypatch) -> None:
-    import edgespec.bench as bench
+    import edgespec.bench.runner as runner
     import edgespec.drafters.controller_sim as sim
+    from edgespec.bench.report import render_report
+    from edgespec.bench.workloads import prompt_job
     from edgespec.models.backend import Model
 
     # A machine whose wide decodes get dearer over the run: its k-th measurement prices a decode of b tokens at
@@ -278,13 +275,13 @@ def test_each_class_ceiling_is_priced_at_the_costs_measured_around_it(tiny_model
         priced.append((verify_cost(1), verify_cost(17), len(output) * verify_cost(1) / seconds))
         return seconds
 
-    monkeypatch.setattr(bench, "decode_costs", drifting)
+    monkeypatch.setattr(runner, "decode_costs", drifting)
     monkeypatch.setattr(sim, "lookup_ceiling", spy)
     tasks = load_tasks(["code-edit", "summarize"], prompts_per_task=1)
     params = SamplingParams(temperature=0, max_tokens=12)
     with Model(tiny_model_path, n_ctx=1024) as target:
         result = run_bench(target, None, tasks, ["plain", "lookup"], params, warmup=False)
-        lengths = sorted(len(bench.prompt_job(target, t.prompts[0])[0]) for t in tasks)
+        lengths = sorted(len(prompt_job(target, t.prompts[0])[0]) for t in tasks)
     # Before the first class and after each, all after a context as long as the median prompt and half the tokens.
     assert measured == [lengths[1] + 6] * 3 and result.config["ceiling_context"] == lengths[1] + 6
     assert [c["17"] for c in result.config["ceiling_costs"]] == pytest.approx([0.01, 0.17, 0.33])
@@ -292,7 +289,7 @@ def test_each_class_ceiling_is_priced_at_the_costs_measured_around_it(tiny_model
     assert [one for one, _, _ in priced] == pytest.approx([0.01] * 4)
     assert [wide for _, wide, _ in priced] == pytest.approx([0.09, 0.09, 0.25, 0.25])
     assert [r.ceiling for r in result.records] == pytest.approx([c for _, _, c in priced])
-    text = bench.render_report(result)
+    text = render_report(result)
     assert "a 17-token decode at 1.00-33.00 single steps across 3 measurements" in text
 
 
@@ -320,7 +317,8 @@ def test_structured_prompts_carry_a_schema_or_tools() -> None:
 def test_structured_runs_every_strategy_under_its_constraint_and_skips_the_peers(tiny_model_path: Path) -> None:
     """SmolLM2's template takes no tools: the tool prompt lists them in a system message; each reply fits its
     constraint (a schema's document, a tool call), and the report has the forced share and the mask's cost."""
-    from edgespec.bench import prompt_job, render_report
+    from edgespec.bench.report import render_report
+    from edgespec.bench.workloads import prompt_job
     from edgespec.models.backend import Model
     from edgespec.tools import parse_calls, parse_tools
 
@@ -375,7 +373,7 @@ def test_cli_bench_rejects_bad_options_before_loading() -> None:
 
 
 def test_text_report_has_a_table_per_class() -> None:
-    from edgespec.bench import BenchResult, render_report
+    from edgespec.bench.report import BenchResult, render_report
 
     records = [record("edit", "a", "plain", tokens=10, seconds=1.0, rounds=10),
                record("edit", "a", "lookup", tokens=10, seconds=0.5, rounds=4, drafted=8, accepted=6)]
@@ -392,7 +390,7 @@ def test_text_report_has_a_table_per_class() -> None:
 def test_lookup_ceiling_pools_over_a_class_and_is_reported() -> None:
     from dataclasses import replace
 
-    from edgespec.bench import BenchResult, render_report
+    from edgespec.bench.report import BenchResult, render_report
 
     records = [replace(record("edit", "a", "plain", tokens=10, seconds=1.0, rounds=10), ceiling=2.0),
                replace(record("edit", "b", "plain", tokens=30, seconds=3.0, rounds=30), ceiling=1.0),
@@ -411,7 +409,7 @@ def test_lookup_ceiling_pools_over_a_class_and_is_reported() -> None:
 def test_a_strategys_share_of_the_ceiling_is_taken_on_its_own_outputs() -> None:
     from dataclasses import replace
 
-    from edgespec.bench import BenchResult, render_report
+    from edgespec.bench.report import BenchResult, render_report
 
     # Auto's greedy output flipped at a near-tie into a text that copies less: its own ceiling is 1.2x, not plain's
     # 2.0x. 1.1x of plain's rate is half of what the best lookup schedule gets on auto's text, a tenth on plain's.
@@ -441,7 +439,7 @@ def test_costs_table_through_the_cli(tiny_model_path) -> None:
 
     from click.testing import CliRunner
 
-    from edgespec.bench import COST_WIDTHS
+    from edgespec.bench.probes import COST_WIDTHS
     from edgespec.cli.bench import bench
 
     path = str(tiny_model_path)
@@ -486,7 +484,7 @@ def test_loop_cost_with_penalties_and_logprobs_runs_them_side_by_side(tiny_model
 
 # ----- many requests at once ------------------------------------------------------------------------------------
 def test_concurrency_levels_parse_or_fail_clearly() -> None:
-    from edgespec.bench_load import default_levels
+    from edgespec.bench.load import default_levels
     from edgespec.errors import EdgespecError
 
     assert default_levels("1, 2,4") == [1, 2, 4]
@@ -516,7 +514,7 @@ def test_cli_bench_concurrency_json(tiny_model_path: Path) -> None:
 
 
 def test_the_load_report_divides_by_plain_at_the_same_level() -> None:
-    from edgespec.bench_load import LoadRecord, Request, render_load_report
+    from edgespec.bench.load import LoadRecord, Request, render_load_report
 
     def record(level: int, strategy: str, tokens: int) -> LoadRecord:
         r = LoadRecord(level, "code-edit", strategy, wall=2.0)
@@ -532,7 +530,7 @@ def test_the_load_report_divides_by_plain_at_the_same_level() -> None:
 
 
 def test_the_load_report_pools_rounds_and_shows_their_spread() -> None:
-    from edgespec.bench_load import LoadRecord, Request, render_load_report
+    from edgespec.bench.load import LoadRecord, Request, render_load_report
 
     def record(strategy: str, tokens: int, round_: int) -> LoadRecord:
         r = LoadRecord(4, "math", strategy, wall=2.0, round=round_)
@@ -551,7 +549,7 @@ def test_the_load_report_pools_rounds_and_shows_their_spread() -> None:
 @pytest.mark.real
 def test_load_bench_rounds_rotate_the_strategies(tiny_model_path: Path) -> None:
     """Each round rotates which strategy goes first; auto-serial (the time-to-first-token reference) runs once."""
-    from edgespec.bench_load import run_load_bench
+    from edgespec.bench.load import run_load_bench
     from edgespec.models.backend import Model
 
     tasks = load_tasks(["code-edit"], prompts_per_task=1)
@@ -607,7 +605,7 @@ def test_llama_server_on_path_runs_as_a_peer_at_each_level(tiny_model_path: Path
     import stat
     import sys
 
-    from edgespec.bench_load import run_load_bench
+    from edgespec.bench.load import run_load_bench
     from edgespec.models.backend import Model
 
     binary = tmp_path / "llama-server"
@@ -633,7 +631,7 @@ def test_llama_server_on_path_runs_as_a_peer_at_each_level(tiny_model_path: Path
 def test_edgespec_serve_runs_as_a_peer_over_http(tiny_model_path: Path, tmp_path: Path) -> None:
     """With serve, the bench starts `edgespec serve --parallel N` and --parallel 1 on the same file and reads each
     request's first token, length and drafting from its stream."""
-    from edgespec.bench_load import SERVE, SERVE_SERIAL, run_load_bench
+    from edgespec.bench.load import SERVE, SERVE_SERIAL, run_load_bench
     from edgespec.models.backend import Model
 
     short = tmp_path / "short.toml"  # a short prompt: each run prefills it 4 times in 4 engines and servers
@@ -657,7 +655,7 @@ def test_edgespec_serve_runs_as_a_peer_over_http(tiny_model_path: Path, tmp_path
 def test_the_load_bench_calibrates_every_readout_before_its_timed_runs(tiny_model_path: Path, monkeypatch) -> None:
     """A constrained class reads top-k candidates where greedy reads the argmax: auto calibrates each readout once
     (seconds of decodes), and the warm-ups, not a timed run's first request, must pay for it."""
-    from edgespec.bench_load import run_load_bench
+    from edgespec.bench.load import run_load_bench
     from edgespec.engine import Engine
     from edgespec.models.backend import Model
 

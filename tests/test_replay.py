@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from fakes import FakeModel
 
-from edgespec.bench import loop_costs, measure_engine
+from edgespec.bench.measure import measure_engine
+from edgespec.bench.probes import loop_costs
 from edgespec.engine import Engine
 from edgespec.replay import Recorder, Replay, ReplayDiverged
 from edgespec.sampling import SamplingParams

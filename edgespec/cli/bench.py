@@ -8,24 +8,13 @@ from typing import Any
 
 import click
 
-from edgespec.bench import (
-    _DRAFT_N,
-    DEFAULT_LOOKUP_LEN,
-    ENGINE_STRATEGIES,
-    PEER_STRATEGIES,
-    RunRecord,
-    decode_costs,
-    load_tasks,
-    loop_costs,
-    parse_strategies,
-    render_costs,
-    render_loop_costs,
-    render_prompt,
-    render_report,
-    run_bench,
-    width_change_cost,
-)
-from edgespec.bench_load import default_levels, records_json, render_load_report, run_load_bench
+from edgespec.bench.load import default_levels, records_json, render_load_report, run_load_bench
+from edgespec.bench.measure import RunRecord
+from edgespec.bench.probes import decode_costs, loop_costs, render_costs, render_loop_costs, width_change_cost
+from edgespec.bench.report import render_report
+from edgespec.bench.runner import run_bench
+from edgespec.bench.strategies import DEFAULT_LOOKUP_LEN, DRAFT_N, ENGINE_STRATEGIES, PEER_STRATEGIES, parse_strategies
+from edgespec.bench.workloads import load_tasks, render_prompt
 from edgespec.cli.common import load_runtime, model_options, user_errors
 
 
@@ -189,7 +178,7 @@ def bench(
                     repeats or 1, serve,
                 )  # fmt: skip
                 return
-            if draft is None and any(_DRAFT_N.fullmatch(n) for n in names):
+            if draft is None and any(DRAFT_N.fullmatch(n) for n in names):
                 click.echo("note: no draft model, so the draft-N strategies are skipped", err=True)
             runs = sum(len(t.prompts) for t in suite) * len(parse_strategies(names, has_draft=draft is not None))
             runs *= repeats or 1

@@ -44,7 +44,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from edgespec.bench import PLAIN, Task, format_table, parse_strategies, percentile, prompt_job, value_range
+from edgespec.bench.strategies import PLAIN, WARMUP_TOKENS, engine_for, parse_strategies
+from edgespec.bench.tables import format_table, percentile, value_range
+from edgespec.bench.workloads import Task, prompt_job
 from edgespec.errors import EdgespecError
 
 if TYPE_CHECKING:
@@ -188,8 +190,6 @@ def run_load_bench(
     Only the engine's strategies run every round; the references and peers (``auto-serial``, llama-server,
     ``edgespec serve``) run in the first. ``serve``: ``edgespec serve`` as a peer (a second copy of the models in
     memory)."""
-    from edgespec.bench import WARMUP_TOKENS, _engine_for
-
     names = [s for s in parse_strategies(strategies, has_draft=draft is not None) if not s.startswith("llama-cpp")]
     prompts = {t.name: [prompt_job(target, p) for p in t.prompts] for t in tasks}
     notes: list[str] = []
@@ -215,11 +215,11 @@ def run_load_bench(
             raise EdgespecError(f"concurrency {level}: the models were loaded for {target.n_seq} sequences")
         runners: dict[str, Runner] = {}
         for name in names:
-            engine = _engine_for(name, target, draft, lookup_len, p_min, parallel=level)
+            engine = engine_for(name, target, draft, lookup_len, p_min, parallel=level)
             runners[name] = engine_runner(engine)
         if level > 1 and "auto" in names:
             # What a server that takes one request at a time gives the same clients: they queue.
-            runners[SERIAL] = engine_runner(_engine_for("auto", target, draft, lookup_len, p_min, parallel=1))
+            runners[SERIAL] = engine_runner(engine_for("auto", target, draft, lookup_len, p_min, parallel=1))
         servers: list[HttpPeer] = []
         try:
             if binary is not None:
