@@ -13,33 +13,30 @@ leader/follower pattern), so one caller runs inline, as fast as a plain loop, an
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from edgespec.constraint import Constraint
-from edgespec.drafters.base import Draft, Drafter
+from edgespec.drafters.base import Drafter
 from edgespec.drafters.controller import (
-    LOOKUP,
-    NO_LOAD,
     Controller,
     FixedController,
-    Load,
-    Plan,
     RoundController,
     VerifyCost,
 )
 from edgespec.drafters.costs import CostCache, CostCheck, Costs, setup_key, time_decodes, time_switch
 from edgespec.drafters.lookup import LookupDrafter
-from edgespec.drafters.model import ModelDrafter
+from edgespec.drafters.model import ModelDrafter, draft_together
 from edgespec.errors import ContextOverflowError, EdgespecError, InvalidParameterError
 from edgespec.events import Event, Finished, Stats
 from edgespec.generation import Generation, Lane
-from edgespec.models.backend import MAX_ROWS, Model, Part, common_prefix
-from edgespec.sampling import Readout, SamplingParams
+from edgespec.models.slot import KVModel, Part, common_prefix
+from edgespec.planner import Planner
+from edgespec.sampling import Readout, SamplingParams, Scores
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +89,8 @@ class Engine:
 
     def __init__(
         self,
-        target: Model,
-        draft: Model | None = None,
+        target: KVModel,
+        draft: KVModel | None = None,
         *,
         draft_len: int | str = "auto",
         lookup: bool = True,
@@ -104,13 +101,13 @@ class Engine:
     ) -> None:
         self.target = target
         self.draft_model = draft
-        n_seq = getattr(target, "n_seq", 1)
+        n_seq = target.n_seq
         parallel = n_seq if parallel is None else parallel
-        if not 1 <= parallel <= n_seq or (draft is not None and parallel > getattr(draft, "n_seq", 1)):
+        if not 1 <= parallel <= n_seq or (draft is not None and parallel > draft.n_seq):
             raise InvalidParameterError(
                 f"parallel={parallel}: the models were loaded with room for {n_seq} sequences (load with parallel=N)"
             )
-        if parallel > getattr(target, "max_verify_rows", MAX_ROWS):
+        if parallel > target.max_verify_rows:
             raise InvalidParameterError(f"parallel={parallel} is more requests than one bit-exact decode can carry")
         self.parallel = parallel
         self._lanes = [self._make_lane(i, p_min, lookup) for i in range(parallel)]
@@ -119,7 +116,7 @@ class Engine:
         self.max_gamma = min(max_gamma, self.gamma_limit)
         self._curve: VerifyCost | None = None  # the target's decode costs: the auto controllers of all lanes share it
         self._curve_seeded: set[str] = set()  # the readouts whose calibration the shared curve has taken
-        self._lockstep_declined: list[Plan | None] = []  # the plans of the last step that weighed lockstep and lost
+        self._planner = Planner(target.decode_passes, target.max_verify_rows, target.n_batch, lambda: self._curve)
         self._costs: dict[str, Costs] = {}  # calibrated costs by readout kind, recorded into each lane's controller
         self._cost_cache = cost_cache
         self._checks: dict[str, CostCheck] = {}  # costs read from the cache, until live decodes confirm them
@@ -168,7 +165,7 @@ class Engine:
         name = "model" if "model" in self.drafters else ("lookup" if "lookup" in self.drafters else None)
         if isinstance(draft_len, int):
             if draft_len > self.gamma_limit:
-                bit_exact = getattr(self.target, "bit_exact", False)
+                bit_exact = self.target.bit_exact
                 why = " (bit-exact: llama.cpp's CPU kernels change at wider batches)" if bit_exact else ""
                 raise InvalidParameterError(
                     f"draft length {draft_len} is more than this target verifies at once: at most {self.gamma_limit}"
@@ -195,7 +192,7 @@ class Engine:
     def gamma_limit(self) -> int:
         """The widest draft one verify takes: the target's widest batch (a bit-exact one: 7 rows) less the pending
         token."""
-        return getattr(self.target, "max_verify_rows", MAX_ROWS) - 1
+        return self.target.max_verify_rows - 1
 
     @property
     def headroom(self) -> int:
@@ -419,262 +416,87 @@ class Engine:
     def _step(self) -> None:
         """One round of every request in rounds, their verifies in one target decode with the next prompt chunk of
         every request still prefilling (call as the stepper)."""
+        in_rounds, prefills = self._schedule()
+        live = self._planner.plan(in_rounds, prefills)
+        live = self._draft(live)
+        verified = self._verify(live, prefills)
+        if verified is not None:
+            self._settle(live, verified)
+
+    def _schedule(self) -> tuple[list[Generation], list[tuple[Generation, Part]]]:
+        """Who runs this step: the requests in rounds (those whose prompt ends in this decode among them), and the
+        next prompt chunk of every request still prefilling."""
         for generation in self._active:
             if not generation.done and generation.stopping:
                 generation.finish("cancelled")
         in_rounds = [g for g in self._active if not g.done and g.prefilled]
-        prefills, opening = self._prefill_parts(
-            [g for g in self._active if not g.done and not g.prefilled], bool(in_rounds)
-        )
-        in_rounds += opening  # their first round this step (after the rest of their prompt)
-        # 1. Plan and draft, one request after another, each knowing what those before it put into the decode
-        #    (and counting those after it as plain rows, which is what they cost at least).
-        budget = getattr(self.target, "max_verify_rows", MAX_ROWS)
-        rows, tokens, seconds = 0, 0.0, 0.0
-        live: list[Generation] = []
-        # A prompt chunk in the same decode is load too, and its tokens are work done as surely as committed ones: a
-        # row of prompt counts as a token. Counted so, a draft row has to be worth a whole token to join a decode
-        # that prefills (where a CPU has no spare compute), and the prompt's first token is not delayed by drafts
-        # that would not pay; counting the chunk's cost but not its tokens would do the opposite (a big fixed cost
-        # that drafting amortises: measured, auto's time to first token under load rose by half). Counted per
-        # sequence (Load.sequences), each row of a chunk is one that commits a token.
-        chunk = sum(len(part[1]) for _, part in prefills) + sum(len(g.prompt_tail) for g in opening)
-        alone = len(in_rounds) == 1 and not chunk
-        # The tokens each sequence puts into the decode, as planned so far (a request not yet planned: its one row),
-        # from which a plan reads the forward passes llama.cpp will split the decode into.
-        layout = {g.lane.index: len(part[1]) for g, part in prefills} | {
-            g.lane.index: len(g.prompt_tail) + 1 for g in in_rounds
-        }
-        log_tokens = 0.0  # of the tokens each request planned so far is expected to commit (see Load.sequences)
-        for i, generation in enumerate(in_rounds):
-            later = len(in_rounds) - i - 1
-            busy = chunk + rows + later
-            load = (
-                NO_LOAD
-                if alone
-                else Load(
-                    busy,
-                    chunk + tokens + later,
-                    seconds,
-                    budget - rows - later,
-                    self._passes(layout, generation),
-                    sequences=chunk + len(live) + later,
-                    log_tokens=log_tokens,
-                )
-            )
-            try:
-                generation.propose(load, defer_model=not alone)
-            except Exception as error:  # noqa: BLE001  # this request's own failure (its draft model), not the others'
-                self._roll_back(generation)
-                generation.fail(error)
-                del layout[generation.lane.index]
-                continue
-            assert generation.plan is not None
-            layout[generation.lane.index] = len(generation.prompt_tail) + generation.planned_rows
-            rows += generation.planned_rows
-            tokens += generation.plan.expected
-            log_tokens += math.log(max(generation.plan.expected, 1e-9))
-            # What its drafting is expected to cost: a draft model's steps run after every plan (_draft_together), so
-            # the time propose() took is the plan's own Python. Counted in, the load moved whenever a plan was worked
-            # out rather than reused (~100 us more, where the slack is a tenth of a 2 ms step) and the plans after it
-            # were worked out again too: at 4 lanes at the H200's costs on a slow 2-core host (tests/gpu_regime.py),
-            # 34-37 % of the plans were worked out, 18-19 % without it.
-            seconds += generation.plan.draft_seconds
-            live.append(generation)
-        if len(live) > 1 and not prefills:
-            self._lockstep(live, budget)
-        live = self._draft_together(live)
-        rows = sum(g.rows for g in live)
-        if not live and not prefills:
-            return
-        # 2. Verify: one decode over every request's rows (and the prompt chunks).
-        parts = [g.part() for g in live] + [part for _, part in prefills]
-        t0 = time.perf_counter()
-        try:
-            scores = self.target.decode_batch(parts) if len(parts) > 1 else [parts[0][0].decode(*parts[0][1:])]
-        except Exception as error:  # noqa: BLE001  # the decode failed for all in it: each request gets the error
-            for generation in [*live, *(g for g, _ in prefills)]:
-                self._roll_back(generation)
-                generation.fail(error)
-            return
-        t_verify = time.perf_counter() - t0
-        for generation, _ in prefills:
-            if generation.prefill_done:
-                self._begin(generation)
-        if not live:
-            return
-        shared = len(parts) > 1
-        self.steps += 1
-        self.step_rows += rows
-        self.step_sequences += len(live)
-        prompt_in_decode = bool(prefills) or any(g.prompt_tail for g in live)
-        if shared and not prompt_in_decode:  # the decode's cost at its width, once (a prompt chunk is no row's cost)
-            # The shared curve prices one forward pass: a decode llama.cpp split into several is a sample of its
-            # widest pass (see VerifyCost.add_decode). A pass's width counts the throw-away tokens of lanes in a
-            # gap (see microbatch.fill_gaps).
-            passes = self._split({g.lane.index: g.rows for g in live})
-            if self._curve is not None:
-                self._curve.add_decode(passes, t_verify)
-            for generation in live:
-                if generation.controller is not generation.lane.auto:
-                    generation.controller.record_decode(sum(passes), t_verify)
-        # 3.-5. Accept, roll back, update: each request on its own.
-        for generation, row_scores in zip(live, scores[: len(live)], strict=True):
-            try:
-                generation.settle(row_scores, t_verify, shared)
-            except Exception as error:  # noqa: BLE001
-                self._roll_back(generation)
-                generation.fail(error)
-        if not prompt_in_decode and self._checks:
-            self._check_cached_costs(live, t_verify)
+        joining = [g for g in self._active if not g.done and not g.prefilled]
+        prefills, opening = self._prefill_parts(joining, bool(in_rounds))
+        return in_rounds + opening, prefills
 
-    def _lockstep(self, live: list[Generation], budget: int) -> None:
-        """Let every request draft as far as the others, when that beats the step as planned.
-
-        The plans above are made one request after another, each counting the ones after it as plain rows. With a
-        KV buffer per sequence, llama.cpp runs a draft beside the others' single rows as a forward pass of its own
-        (see :mod:`edgespec.models.microbatch`), so under load no one request's draft pays, even where every one
-        of them would if all drafted: the same rows for every sequence are one pass. On a GPU, whose pass of
-        4 x 8 rows costs little more than one of 4, that step answers several requests that copy their prompts
-        faster than plain decoding can. It is priced here on the shared curve against the step as planned, by the
-        same count of the batch's tokens (:meth:`Load.batch_tokens`), and taken past the controllers' margin
-        (``min_gain``). A request whose lookup proposal is shorter than the others' fills its rows with its last
-        token, which the verify rejects unless the target would write it there (a one-hot draft is verified
-        exactly whatever it proposes). On a CPU, whose decode grows by most of a step per row, it does not pay."""
-        curve_cost = self._curve
-        controllers: list[Controller] = []
-        for g in live:
-            c = g.controller
-            if (
-                curve_cost is None
-                or not isinstance(c, Controller)
-                or c is not g.lane.auto
-                or g.lookup_proposal is None
-                or g.constraint is not None
-                or g.prompt_tail
-                or g.drafting is not None
-                or g.plan is None
-                or g.plan.drafter not in (None, LOOKUP)
-            ):
-                return
-            controllers.append(c)
-        assert curve_cost is not None
-        plans = [g.plan for g in live]
-        declined, self._lockstep_declined = self._lockstep_declined, plans
-        if len(declined) == len(plans) and all(a is b for a, b in zip(declined, plans, strict=True)):
-            return  # every plan stands as it stood when lockstep last lost (see Controller._reuse): so does that
-        n = len(live)
-        ids = sorted(g.lane.index for g in live)
-        widest = min(budget, getattr(self.target, "n_batch", budget)) // n
-        widest = min(widest, 1 + min(g.max_draft for g in live))
-        # Equal rows are one pass only for a run of consecutive sequence ids (a gap's filler token would cut it).
-        if widest < 2 or ids[-1] - ids[0] + 1 != n:
-            return
-        planned = {g.lane.index: g.planned_rows for g in live}
-        # The curve as far as the plans read it, and the bound below needs: read further only past the bound (each
-        # width past the measured ones is worked out, and the curve anew whenever a decode moves a point of it).
-        curve = curve_cost.curve(max(2 * n, sum(planned.values())))
-        if curve is None:
-            return
-        last, switch = curve_cost.last_width, curve_cost.switch
-        passes = self._split(planned)
-        # Both counted per sequence, as Load.batch_tokens counts them: n times the geometric mean.
-        tokens = n * math.exp(sum(math.log(max(g.plan.expected, 1e-9)) for g in live) / n)
-        seconds = sum(curve[b] for b in passes) + (0 if max(passes) == last else switch)
-        as_planned = tokens / (seconds + sum(g.plan.draft_seconds for g in live))
-        bar = as_planned * (1.0 + controllers[0].min_gain)
-
-        def lockstep_seconds(width: int) -> float:
-            # One pass; a new graph unless the last decode had that width, going there and coming back. A width
-            # never measured is read off the fit as it is, without the optimism that gets a plan to try it: a
-            # step of all sequences is too dear a way to explore (two code edits at once on a 2-core CPU: with that
-            # optimism, the first run ran at 14.9 tok/s, the seven after it at 17.6-20.6 with lockstep or without).
-            b = n * width
-            fitted = curve[b] if curve_cost.measured(b) is not None else curve[b] / (1.0 - curve_cost.optimism)
-            return fitted + (0 if b == last else 2 * switch)
-
-        # A bound first, from each proposal's first token alone (its chance S(1) bounds every later S(k), so a
-        # draft of g is expected to commit at most 1 + g S(1)) and the narrowest lockstep's cost (the curve's
-        # least past it but for a CPU kernel's quirk): most steps end here, for a few microseconds.
-        firsts = [c.alpha(LOOKUP) if g.lookup_proposal else 0.0 for g, c in zip(live, controllers, strict=True)]
-        bound = n * math.exp(sum(math.log1p((widest - 1) * s) for s in firsts) / n)
-        if bound <= bar * lockstep_seconds(2):
-            return
-        curve = curve_cost.curve(n * widest)
-        assert curve is not None
-        logs = [[math.log(e) for e in c.lookup_expected(widest - 1)] for c in controllers]
-        best_rate, best_width = 0.0, 0
-        for width in range(2, widest + 1):
-            rate = n * math.exp(sum(row[width - 1] for row in logs) / n) / lockstep_seconds(width)
-            if rate > best_rate:
-                best_rate, best_width = rate, width
-        if best_rate <= bar:
-            return
-        self._lockstep_declined = []
-        why = f"lockstep: {n} requests x {best_width} rows, est {best_rate:.1f} tok/s, as planned {as_planned:.1f}"
-        for g, row in zip(live, logs, strict=True):
-            assert g.lookup_proposal is not None
-            draft = g.lookup_proposal[: best_width - 1]
-            draft += [g.ctx[-1]] * (best_width - 1 - len(draft))
-            g.plan = Plan(LOOKUP, best_width - 1, why, expected=math.exp(row[best_width - 1]))
-            g.draft = Draft(draft, None)
-
-    @staticmethod
-    def _roll_back(generation: Generation) -> None:
-        """After a failure, the lane's caches back to what the request committed (a request still prefilling has
-        committed nothing there: its KV holds what its decodes put in)."""
-        if generation.prefilled:
-            generation.lane.roll_back(generation.ctx)
-
-    def _split(self, tokens_by_seq: dict[int, int]) -> list[int]:
-        """The forward passes (their token counts) llama.cpp runs for a target decode of these tokens per sequence."""
-        split = getattr(self.target, "decode_passes", None)
-        return [sum(tokens_by_seq.values())] if split is None else split(tokens_by_seq)
-
-    def _passes(self, layout: dict[int, int], generation: Generation) -> Callable[[int], list[int]]:
-        """What :attr:`Load.passes` tells ``generation``'s plan: the decode's passes if it puts n rows in beside
-        the others' tokens planned so far."""
-        others, me = dict(layout), generation.lane.index
-        known: dict[int, list[int]] = {}  # a plan weighs each width several times (each drafter, the probe)
-
-        def passes(n: int) -> list[int]:
-            if n not in known:
-                others[me] = n
-                known[n] = self._split(others)
-            return known[n]
-
-        return passes
-
-    def _draft_together(self, live: list[Generation]) -> list[Generation]:
-        """The draft model's drafts of every request that planned one, a step of each in one decode of the draft
-        model (a request whose draft ended drops out); returns the requests still live."""
+    def _draft(self, live: list[Generation]) -> list[Generation]:
+        """The draft model's drafts of every request that planned one, stepped together; returns the requests still
+        live (if the draft model fails, those that drafted with it fail)."""
         drafting = [g for g in live if g.drafting is not None]
         if not drafting:
             return live
         t0 = time.perf_counter()
         try:
-            while True:
-                steps = [g for g in drafting if not g.drafting.done]
-                if not steps:
-                    break
-                parts = [g.lane.drafters["model"].part(g.drafting) for g in steps]
-                if len(parts) > 1:
-                    scores = self.draft_model.decode_batch(parts)
-                else:
-                    scores = [parts[0][0].decode(*parts[0][1:])]
-                for g, row in zip(steps, scores, strict=True):
-                    g.lane.drafters["model"].take(g.drafting, row)
-        except Exception as error:  # noqa: BLE001  # the draft model failed: the requests that drafted with it fail
+            draft_together(self.draft_model, [(g.lane.drafters["model"], g.drafting) for g in drafting])
+        except Exception as error:  # noqa: BLE001
             for g in drafting:
-                self._roll_back(g)
-                g.fail(error)
+                g.abort(error)
             return [g for g in live if g.drafting is None]
         share = (time.perf_counter() - t0) / len(drafting)  # what each request's draft cost, the decodes shared
         for g in drafting:
-            g.draft = g.drafting.draft()
-            g.drafting = None
-            g.t_draft += share
+            g.take_draft(share)
         return live
+
+    def _verify(self, live: list[Generation], prefills: list[tuple[Generation, Part]]) -> Verified | None:
+        """One target decode over every request's rows and the prompt chunks; the prefills it completes begin their
+        rounds. None when no request has rows to settle."""
+        if not live and not prefills:
+            return None
+        parts = [g.part() for g in live] + [part for _, part in prefills]
+        t0 = time.perf_counter()
+        try:
+            scores = self.target.decode_batch(parts) if len(parts) > 1 else [_decode_alone(parts[0])]
+        except Exception as error:  # noqa: BLE001  # the decode failed for all in it: each request gets the error
+            for generation in [*live, *(g for g, _ in prefills)]:
+                generation.abort(error)
+            return None
+        seconds = time.perf_counter() - t0
+        for generation, _ in prefills:
+            if generation.prefill_done:
+                self._begin(generation)
+        if not live:
+            return None
+        with_prompt = bool(prefills) or any(g.prompt_tail for g in live)
+        return Verified(scores[: len(live)], seconds, len(parts) > 1, with_prompt)
+
+    def _settle(self, live: list[Generation], verified: Verified) -> None:
+        """Accept, roll back, update: each request on its own; a shared decode's cost goes to the curve once."""
+        seconds = verified.seconds
+        self.steps += 1
+        self.step_rows += sum(g.rows for g in live)
+        self.step_sequences += len(live)
+        if verified.shared and not verified.with_prompt:  # a prompt chunk is no row's cost
+            # The shared curve prices one forward pass: a decode llama.cpp split into several is a sample of its
+            # widest pass (see VerifyCost.add_decode). A pass's width counts the throw-away tokens of lanes in a
+            # gap (see microbatch.fill_gaps).
+            passes = self.target.decode_passes({g.lane.index: g.rows for g in live})
+            if self._curve is not None:
+                self._curve.add_decode(passes, seconds)
+            for generation in live:
+                if generation.controller is not generation.lane.auto:
+                    generation.controller.record_decode(sum(passes), seconds)
+        for generation, row_scores in zip(live, verified.scores, strict=True):
+            try:
+                generation.settle(row_scores, seconds, verified.shared)
+            except Exception as error:  # noqa: BLE001
+                generation.abort(error)
+        if not verified.with_prompt and self._checks:
+            self._check_cached_costs(live, seconds)
 
     def _prefill_parts(
         self, joining: list[Generation], others_in_rounds: bool
@@ -691,7 +513,7 @@ class Engine:
         begins where the earliest one's ends. A bit-exact target, and a prompt to be scored, prefill on a decode
         of their own (bit-exact: the whole prompt, for its KV to round as a lone request's does)."""
         parts, opening = [], []
-        bit_exact = getattr(self.target, "bit_exact", False)
+        bit_exact = self.target.bit_exact
         whole = self.target.n_batch * 64
         # Prompt tokens this step still carries: None while no request has been given any (with none in rounds,
         # the first is given its whole prompt and the rest wait for the next step).
@@ -712,19 +534,19 @@ class Engine:
                 if part is None:  # the lane's KV already held the whole prompt
                     self._begin(generation)
                 elif own_decode:
-                    start = len(part[0].kv_tokens)
-                    rows = part[0].decode(*part[1:])
+                    start = len(part.slot.kv_tokens)
+                    rows = _decode_alone(part)
                     if generation.scores_prompt:
                         generation.take_prompt_rows(start, rows)
                     if generation.prefill_done:
                         self._begin(generation)
-                elif self._opens_with(generation, part[1]):
-                    generation.open_with_prompt_tail(part[1])
+                elif self._opens_with(generation, part.tokens):
+                    generation.open_with_prompt_tail(list(part.tokens))
                     opening.append(generation)
                 else:
                     parts.append((generation, part))
                 if part is not None and not own_decode:
-                    budget = 0 if budget is None else max(budget - len(part[1]), 0)
+                    budget = 0 if budget is None else max(budget - len(part.tokens), 0)
             except Exception as error:  # noqa: BLE001  # its own prompt's failure
                 generation.fail(error)
         return parts, opening
@@ -819,7 +641,7 @@ class Engine:
         check = self._checks.get(next(iter(kinds))) if len(kinds) == 1 else None
         if check is None:
             return
-        passes = self._split({g.lane.index: g.rows for g in live})
+        passes = self.target.decode_passes({g.lane.index: g.rows for g in live})
         verdict = check.add(passes[0], t_verify) if len(passes) == 1 else None
         if verdict is None:
             return
@@ -879,6 +701,19 @@ class Engine:
                     f"= {need} tokens exceeds the {role} context of {n_ctx}; shorten the prompt, lower "
                     f"max_tokens, or load with a larger n_ctx"
                 )
+
+
+def _decode_alone(part: Part) -> Scores:
+    return part.slot.decode(part.tokens, part.rows, part.readout)
+
+
+class Verified(NamedTuple):
+    """What a step's target decode gave the requests in rounds."""
+
+    scores: list[Scores]  # each request's rows, in the order of the step's live requests
+    seconds: float
+    shared: bool  # the decode carried other sequences (or prompt chunks) too
+    with_prompt: bool  # it carried prompt tokens: its time is no verify's cost
 
 
 @dataclass(frozen=True)

@@ -20,20 +20,32 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from edgespec.constraint import Constraint, Mask
-from edgespec.drafters.base import Draft, Drafter
-from edgespec.drafters.controller import NO_LOAD, Load, Plan, RoundController
+from edgespec.drafters.base import FORCED, Draft, Drafter
+from edgespec.drafters.controller import Load, Plan, RoundController
 from edgespec.drafters.lookup import LookupDrafter
 from edgespec.drafters.model import Drafting, ModelDrafter
 from edgespec.events import Chunk, Event, Finished, FinishReason, Span, Stats, TokenLogprob
 from edgespec.logprobs import row_logprob, token_logprob
-from edgespec.models.backend import common_prefix
+from edgespec.models.slot import KVSlot, Part, common_prefix
 from edgespec.penalties import windows
 from edgespec.sampling import LOGITS, Readout, SamplingParams, Scores, Uniforms, Warped, verify_readout
 from edgespec.text import TextStream
 from edgespec.verify import Verdict, verify_greedy, verify_stochastic
 
-FORCED = "forced"  # the "drafter" of the tokens a constraint forces: proposed without drafting, surely accepted
 PROMPT_ROWS = 64  # prompt tokens a scored prefill decodes at once (each is a row: llama.cpp's buffers hold 65)
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """What a round could draft without drafting, the input to its plan."""
+
+    t0: float  # when the round's planning began (its drafting time counts from here)
+    room: int  # tokens the request may still generate
+    max_len: int  # the longest draft this round: room - 1, max γ and the decode's rows
+    lookup: list[int]  # lookup's proposal (empty: none, or lookup off)
+    agreement: int  # what lookup knows of where its proposal came from
+    from_prompt: bool
+    forced: list[int]  # the tokens the constraint forces next (at most max_len)
 
 
 @dataclass
@@ -42,8 +54,8 @@ class Lane:
     work on them. Its KV outlives a request, so that the next request sharing a prefix with it reuses the cells."""
 
     index: int
-    target: object  # a Model (a lone lane) or one of its Slots: decode, truncate, sync, kv_tokens
-    draft: object | None
+    target: KVSlot  # a Model (a lone lane) or one of its Slots
+    draft: KVSlot | None
     drafters: dict[str, Drafter]
     auto: RoundController | None = None  # the adaptive controller, created on first use; kept across requests
     fixed: dict[tuple[str | None, int], RoundController] = field(default_factory=dict)
@@ -128,7 +140,7 @@ class Generation:
         self.max_draft = 0
 
     # ----- before the first round ----------------------------------------------------------------------------
-    def prefill_part(self, limit: int) -> tuple[object, list[int], tuple, Readout] | None:
+    def prefill_part(self, limit: int) -> Part | None:
         """The next chunk (at most ``limit`` tokens) of the KV of everything but the pending last token; None when
         the KV holds it all. A prefix the lane's KV already shares with the prompt is kept, not recomputed."""
         target = self.lane.target
@@ -146,8 +158,8 @@ class Generation:
             return None
         if self.scores_prompt:  # row j of the chunk is the distribution of the token after it
             chunk = want[have : have + min(limit, PROMPT_ROWS)]
-            return (target, chunk, range(len(chunk)), LOGITS)
-        return (target, want[have : have + limit], (), LOGITS)
+            return Part(target, chunk, range(len(chunk)), LOGITS)
+        return Part(target, want[have : have + limit], (), LOGITS)
 
     @property
     def scores_prompt(self) -> bool:
@@ -202,53 +214,48 @@ class Generation:
         return self.cancelled or (self.cancel is not None and self.cancel.is_set())
 
     # ----- one round -------------------------------------------------------------------------------------
-    def propose(self, load: Load, defer_model: bool = False) -> None:
-        """1. Draft: the plan for this round given the others' ``load``, and the drafted tokens. ``defer_model``:
-        a draft model's draft is only started (:attr:`drafting`), for the engine to step with the others'."""
+    def proposal(self, load: Load) -> Proposal:
+        """1. What this round could draft for free, given the others' ``load``: lookup's proposal and the tokens the
+        constraint forces, within the request's room and the decode's."""
         t0 = self.clock()
         params = self.params
         # The verify always adds one token, so draft at most room - 1.
         room = params.max_tokens - (len(self.ctx) - self.n_prompt)
         max_len = min(room - 1, self.max_gamma, load.room - 1)
         constraint = self.constraint
-        lookup_draft = Draft.empty()
+        found: list[int] = []
         if self.lookup is not None and max_len > 0:
             # Costs ~nothing, so look first, every round, and let the controller weigh what was found (it also
             # checks the proposal against what the round commits, drafted or not).
-            lookup_draft = self.lookup.propose(self.ctx, max_len, params, None)
+            found = list(self.lookup.propose(self.ctx, max_len, params, None).tokens)
             if constraint is not None:  # what the constraint forbids would be rejected for certain
-                lookup_draft = Draft(lookup_draft.tokens[: constraint.valid_prefix(lookup_draft.tokens)], None)
-        self.lookup_proposal = list(lookup_draft.tokens) if self.lookup is not None else None
+                found = found[: constraint.valid_prefix(found)]
+        self.lookup_proposal = found if self.lookup is not None else None
         self.max_draft = max(min(room - 1, self.max_gamma), 0)
-        proposer = self.lookup if lookup_draft.tokens else None  # what it knows of where its proposal came from
-        plan = self.controller.plan(
-            lookup_draft.tokens,
-            load,
-            remaining=room,
+        proposer = self.lookup if found else None  # what it knows of where its proposal came from
+        return Proposal(
+            t0=t0,
+            room=room,
+            max_len=max_len,
+            lookup=found,
             agreement=proposer.last_agreement if proposer is not None else 0,
             from_prompt=proposer is not None and proposer.last_from_prompt,
+            forced=constraint.forced(max_len) if constraint is not None and max_len > 0 else [],
         )
-        every_forced = constraint.forced(max_len) if constraint is not None and max_len > 0 else []
-        # Sure to be accepted, but each is a row of the decode: as many as pay in this batch.
-        forced = every_forced[: self.controller.certain_len(len(every_forced), load)] if every_forced else []
-        self.n_forced = len(forced)
-        if forced:  # free to propose and sure to be accepted: nothing drafts what the constraint already decides
-            found = lookup_draft.tokens
-            # Past them, lookup's proposal is a draft like any other: alone it rides along (it costs the decode
-            # little), beside other requests only where the controller chose lookup.
-            rides_along = forced == every_forced and (load is NO_LOAD or plan.drafter == "lookup")
-            if rides_along and len(found) > len(forced) and found[: len(forced)] == forced:
-                forced = found  # lookup's proposal goes on past them (into a value it copies): verified as well
-            plan = Plan(FORCED, len(forced), f"{self.n_forced} forced by the {constraint.grammar.describe()}",
-                        expected=self.n_forced + 1.0)  # fmt: skip
-        gamma = min(plan.gamma, max_len)
+
+    def start_draft(self, proposal: Proposal, plan: Plan, forced: list[int], defer_model: bool = False) -> None:
+        """1. Draft as planned (``forced``: the draft of a plan of forced tokens). ``defer_model``: a draft model's
+        draft is only started (:attr:`drafting`), for the engine to step with the others'."""
+        params, constraint = self.params, self.constraint
+        gamma = min(plan.gamma, proposal.max_len)
         self.drafting = None
+        self.n_forced = common_prefix(forced, proposal.forced) if plan.drafter == FORCED else 0
         if plan.drafter is None or gamma <= 0:
             draft = Draft.empty()
         elif plan.drafter == FORCED:
             draft = Draft(forced, None)
         elif plan.drafter == "lookup":
-            draft = Draft(lookup_draft.tokens[:gamma], None)
+            draft = Draft(proposal.lookup[:gamma], None)
         elif defer_model and plan.drafter == "model":
             draft = Draft.empty()
             self.drafting = self.lane.drafters["model"].start(self.ctx, gamma, params, self.rng, constraint)
@@ -257,7 +264,26 @@ class Generation:
         else:
             draft = self.lane.drafters[plan.drafter].propose(self.ctx, gamma, params, self.rng)
         self.plan, self.draft = plan, draft
-        self.t_draft = self.clock() - t0
+        self.t_draft = self.clock() - proposal.t0
+
+    def replan(self, plan: Plan, draft: Draft) -> None:
+        """The planner's plan for the whole batch replaces this request's own (lockstep)."""
+        self.plan, self.draft = plan, draft
+
+    def take_draft(self, seconds: float) -> None:
+        """The draft model's draft, stepped with the others' (:func:`~edgespec.drafters.model.draft_together`), is
+        done: it is this round's draft, and ``seconds`` its share of the draft model's decodes."""
+        assert self.drafting is not None
+        self.draft = self.drafting.draft()
+        self.drafting = None
+        self.t_draft += seconds
+
+    def abort(self, error: BaseException) -> None:
+        """This request failed: its lane's caches back to what it committed (a request still prefilling has
+        committed nothing there: its KV holds what its decodes put in), and the error is its last event."""
+        if self.prefilled:
+            self.lane.roll_back(self.ctx)
+        self.fail(error)
 
     @property
     def planned_rows(self) -> int:
@@ -269,12 +295,12 @@ class Generation:
         """Rows this round's verify adds to the target's decode."""
         return len(self.draft.tokens) + 1
 
-    def part(self) -> tuple[object, list[int], range, Readout]:
+    def part(self) -> Part:
         """2. Verify: ``[x_{n-1}, d_1..d_γ]`` on this lane's sequence, scored at all γ+1 positions: each row's argmax
         when greedy, its top-k candidates when sampling (in the first round, after the prompt's tail, if any)."""
         tail = self.prompt_tail
         tokens = [*tail, self.ctx[-1], *self.draft.tokens]
-        return (self.lane.target, tokens, range(len(tail), len(tokens)), self.readout)
+        return Part(self.lane.target, tokens, range(len(tail), len(tokens)), self.readout)
 
     def settle(self, scores: Scores, t_verify: float, shared: bool) -> None:
         """3.-5. Accept, roll back, update; queue the round's events. ``shared``: the decode carried other

@@ -308,7 +308,7 @@ def test_the_engine_prices_a_plan_by_the_passes_and_gives_the_curve_each_shared_
     original = VerifyCost.add_decode
 
     def recording(self, passes, seconds):  # noqa: ANN001, ANN202
-        if sys._getframe(1).f_code.co_name == "_step":
+        if sys._getframe(1).f_code.co_name == "_settle":  # the engine's, not a calibration's
             given.append(list(passes))
         return original(self, passes, seconds)
 

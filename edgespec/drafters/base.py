@@ -13,6 +13,8 @@ from typing import Protocol
 
 from edgespec.sampling import Dist, SamplingParams, Uniforms
 
+FORCED = "forced"  # the "drafter" of the tokens a constraint forces: proposed without drafting, surely accepted
+
 
 @dataclass(frozen=True)
 class Draft:

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from edgespec.drafters.base import Draft
-from edgespec.models.backend import Model, common_prefix
+from edgespec.models.backend import Model
+from edgespec.models.slot import Part, common_prefix
 from edgespec.penalties import RowWindows, windows
 from edgespec.sampling import (
     LOGITS,
@@ -111,9 +112,9 @@ class ModelDrafter:
         feed = list(context[len(model.kv_tokens) :])
         return Drafting(context, max_len, params, rng, readout, feed, constraint=constraint)
 
-    def part(self, drafting: Drafting) -> tuple[object, list[int], list[int], Readout]:
+    def part(self, drafting: Drafting) -> Part:
         """The next decode of the draft: ``(sequence, tokens, rows, readout)``, scored at its last token."""
-        return (self.model, drafting.feed, [len(drafting.feed) - 1], drafting.readout)
+        return Part(self.model, drafting.feed, [len(drafting.feed) - 1], drafting.readout)
 
     def take(self, drafting: Drafting, scores: Scores) -> None:
         """The next drafted token, from the row that decode scored (or the end of the draft)."""
@@ -177,3 +178,20 @@ def _confidence(scores: Scores, q: Dist, params: SamplingParams) -> float:
     assert isinstance(scores, np.ndarray)
     top = float(scores.max())
     return 1.0 / float(np.exp(scores - top).sum()) if math.isfinite(top) else 0.0
+
+
+def draft_together(model: Model, drafts: Sequence[tuple[ModelDrafter, Drafting]]) -> None:
+    """Step several sequences' drafts of one draft model until every one is done, a step of each in one decode (a
+    draft that ends drops out of the next). ``model``: the draft model whose sequences the drafters work on."""
+    while True:
+        steps = [(drafter, drafting) for drafter, drafting in drafts if not drafting.done]
+        if not steps:
+            return
+        parts = [drafter.part(drafting) for drafter, drafting in steps]
+        if len(parts) > 1:
+            scores = model.decode_batch(parts)
+        else:
+            part = parts[0]
+            scores = [part.slot.decode(part.tokens, part.rows, part.readout)]
+        for (drafter, drafting), row in zip(steps, scores, strict=True):
+            drafter.take(drafting, row)

@@ -51,7 +51,7 @@ from edgespec.models.llama_thread import runs_on_llama_thread
 from edgespec.models.microbatch import decode_passes, fill_gaps
 from edgespec.models.offload import describe
 from edgespec.models.readout import SequenceSampler, allocate, emulate, finish_candidates, read_rows
-from edgespec.models.slot import MAX_ROWS, common_prefix, sync  # noqa: F401  # common_prefix: re-exported
+from edgespec.models.slot import MAX_ROWS, Part, common_prefix, sync  # noqa: F401  # common_prefix: re-exported
 from edgespec.sampling import LOGITS, Readout, Scores
 
 # ggml-cpu runs K-quant matmuls of 8 rows or more through a tiled kernel (ggml_tiled_min_batch), which rounds
@@ -163,7 +163,6 @@ class Slot:
 
 
 # What one sequence adds to a batched decode: (slot, tokens, rows, readout), as for Model.decode.
-Part = tuple[Slot, Sequence[int], Sequence[int], Readout]
 
 
 class Model:
@@ -454,7 +453,7 @@ class Model:
         fillers = [self.slots[s] for s in layout if s not in tokens_by_seq]
         if any(len(slot.kv_tokens) >= self.n_ctx for slot in fillers):
             return []
-        return [(slot, (FILLER_TOKEN,), (), LOGITS) for slot in fillers]
+        return [Part(slot, (FILLER_TOKEN,), (), LOGITS) for slot in fillers]
 
     def decode_passes(self, tokens_by_seq: Mapping[int, int]) -> list[int]:
         """The token counts of the forward passes llama.cpp runs for one :meth:`decode_batch` that carries

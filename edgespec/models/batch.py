@@ -4,15 +4,16 @@ its row is read out."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import llama_cpp
 
+from edgespec.models.slot import Part
+
 if TYPE_CHECKING:
-    from edgespec.sampling import Readout
+    pass
 
 # What one sequence adds to a batched decode: (slot, tokens, rows, readout); the slot names the sequence (seq_id).
-Part = tuple[Any, Sequence[int], Sequence[int], "Readout"]
 
 
 class Batch:

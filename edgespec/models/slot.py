@@ -13,7 +13,7 @@ every member as an attribute, with no fallback for a stand-in that lacks one.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from edgespec.sampling import Readout, Scores
@@ -105,6 +105,15 @@ class KVSlot(Protocol):
         ...
 
 
+class Part(NamedTuple):
+    """One sequence's share of a decode: its tokens, the indices of those to score, and how to read their rows."""
+
+    slot: Any  # the sequence (a KVSlot)
+    tokens: Sequence[int]
+    rows: Sequence[int]
+    readout: Readout
+
+
 @runtime_checkable
 class KVModel(KVSlot, Protocol):
     """A model with its sequences: itself a :class:`KVSlot` (sequence 0), and the engine's way to decode several
@@ -115,7 +124,7 @@ class KVModel(KVSlot, Protocol):
         """One slot per sequence, sequence 0 first."""
         ...
 
-    def decode_batch(self, parts: Sequence[tuple[Any, Sequence[int], Sequence[int], Readout]]) -> list[Scores]:
+    def decode_batch(self, parts: Sequence[Part]) -> list[Scores]:
         """Several sequences' tokens in one decode: each part is ``(slot, tokens, rows, readout)`` as for
         :meth:`KVSlot.decode`, a slot of this model, each sequence at most once; the parts' scores, in order."""
         ...
