@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgespec.drafters.costs import CostCache
+from edgespec.calibrate import CostCache
 from edgespec.engine import MAX_PARALLEL, Engine
 from edgespec.errors import EdgespecError, InvalidParameterError
 from edgespec.events import Chunk, Event, Finished

@@ -12,7 +12,6 @@ leader/follower pattern), so one caller runs inline, as fast as a plain loop, an
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections import deque
@@ -20,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from edgespec.calibrate import Calibration, CostCache
 from edgespec.constraint import Constraint
 from edgespec.drafters.base import Drafter
 from edgespec.drafters.controller import (
@@ -28,7 +28,6 @@ from edgespec.drafters.controller import (
     RoundController,
     VerifyCost,
 )
-from edgespec.drafters.costs import CostCache, CostCheck, Costs, setup_key, time_decodes, time_switch
 from edgespec.drafters.lookup import LookupDrafter
 from edgespec.drafters.model import ModelDrafter, draft_together
 from edgespec.errors import ContextOverflowError, EdgespecError, InvalidParameterError
@@ -36,17 +35,12 @@ from edgespec.events import Event, Finished, Stats
 from edgespec.generation import Generation, Lane
 from edgespec.models.slot import KVModel, Part, common_prefix
 from edgespec.planner import Planner
-from edgespec.sampling import Readout, SamplingParams, Scores
-
-log = logging.getLogger(__name__)
+from edgespec.sampling import SamplingParams, Scores
 
 # Long drafts only pay in copy streaks (prompt lookup), but there they do: on a CPU a 16-token verify measured
 # 6.7x a single step, so a fully accepted one is 2.4x faster than plain decoding.
 DEFAULT_MAX_GAMMA = 16
 MAX_DRAFT_LEN = 64
-# One-token decodes timed after another one-token decode and after a 2-token one, to price a change of width: on the
-# dev CPU the change adds 0.2-0.9 ms to a 31 ms step, so it takes a few samples of each to see it (1.1 s there).
-SWITCH_SAMPLES = 5
 # The share of a one-token decode that auto's planning may take per round, on average (see Controller.plan): on a
 # CPU planning is far below it and every round is planned; on a GPU a plain plan then stands for a few rounds.
 PLAN_BUDGET = 0.01
@@ -115,11 +109,8 @@ class Engine:
         self._lookup_on = lookup
         self.max_gamma = min(max_gamma, self.gamma_limit)
         self._curve: VerifyCost | None = None  # the target's decode costs: the auto controllers of all lanes share it
-        self._curve_seeded: set[str] = set()  # the readouts whose calibration the shared curve has taken
         self._planner = Planner(target.decode_passes, target.max_verify_rows, target.n_batch, lambda: self._curve)
-        self._costs: dict[str, Costs] = {}  # calibrated costs by readout kind, recorded into each lane's controller
-        self._cost_cache = cost_cache
-        self._checks: dict[str, CostCheck] = {}  # costs read from the cache, until live decodes confirm them
+        self.calibration = Calibration(target, draft, self.max_gamma, self._lanes, cost_cache)
         # One condition guards the lanes, the requests and the stepper's role: a thread waits on it for its
         # request's events, for a lane, or for the step another thread is running.
         self._cond = threading.Condition()
@@ -495,8 +486,8 @@ class Engine:
                 generation.settle(row_scores, seconds, verified.shared)
             except Exception as error:  # noqa: BLE001
                 generation.abort(error)
-        if not verified.with_prompt and self._checks:
-            self._check_cached_costs(live, seconds)
+        if not verified.with_prompt:
+            self.calibration.check(live, seconds)
 
     def _prefill_parts(
         self, joining: list[Generation], others_in_rounds: bool
@@ -587,7 +578,7 @@ class Engine:
             generation.begin_rounds()
             lane = generation.lane
             if self._needs_calibration(generation):
-                self._calibrate(lane, generation.ctx, generation.readout)
+                self.calibration.calibrate(lane, generation.ctx, generation.readout)
         except Exception as error:  # noqa: BLE001
             generation.lane.roll_back(generation.ctx)
             generation.fail(error)
@@ -595,97 +586,6 @@ class Engine:
         generation.started()
         if generation.params.max_tokens == 0:  # the prompt scored, nothing to generate
             generation.finish("length")
-
-    # ----- costs ---------------------------------------------------------------------------------------------
-    def _calibrate(self, lane: Lane, ctx: list[int], readout: Readout) -> None:
-        """Give the lane's controller what a verify of b tokens and a draft step cost on this machine.
-
-        A CPU's verify cost grows ~linearly with b while a GPU's is nearly flat: the controller needs the curve
-        before it can choose γ well, and learning it from live rounds costs those rounds. The costs come from this
-        engine's earlier calibration, from the cost cache when this setup was measured before (checked against the
-        first live decodes), else from :meth:`_measure_costs`.
-        """
-        costs = self._costs.get(readout.kind)
-        if costs is None:
-            costs = self._cost_cache.get(self._cost_key(readout)) if self._cost_cache is not None else None
-            if costs is not None:
-                self._checks[readout.kind] = CostCheck(costs.verify)
-            else:
-                costs = self._measure_costs(lane, ctx, self.max_gamma, readout)
-                self._store(readout, costs)
-            self._costs[readout.kind] = costs
-        assert lane.auto is not None
-        # The lanes' controllers share one curve of target decode costs: it takes the calibration once per
-        # readout. Given again by each lane that starts, a single sequence's costs would keep pulling back what
-        # the shared decodes have measured since (4 sequences' 6-row decode took 264 ms where one sequence's 6
-        # tokens had taken 201 ms: see Model's note on llama.cpp's micro-batches).
-        verify = {} if readout.kind in self._curve_seeded else costs.verify
-        self._curve_seeded.add(readout.kind)
-        lane.auto.record_costs(verify, costs.draft, costs.catchup, costs.switch)
-        lane.calibrated_for = readout.kind
-
-    def _cost_key(self, readout: Readout) -> str:
-        # By the readout's kind: what a decode costs barely depends on k, and a key per k would measure again (~4 s)
-        # for every top-k a client sends.
-        setup = setup_key(self.target, self.draft_model)
-        return f"{setup} max_gamma={self.max_gamma} widths=all,2 readout={readout.kind}"
-
-    def _store(self, readout: Readout, costs: Costs) -> None:
-        if self._cost_cache is not None and self.max_gamma + 1 in costs.verify:  # only a complete measurement
-            self._cost_cache.put(self._cost_key(readout), costs)
-
-    def _check_cached_costs(self, live: list[Generation], t_verify: float) -> None:
-        """Set a decode of one pass against the cached costs it was planned with; when the first few disagree beyond
-        noise (:class:`~edgespec.drafters.costs.CostCheck`), measure every cost again on a request of this step."""
-        kinds = {g.readout.kind for g in live}
-        check = self._checks.get(next(iter(kinds))) if len(kinds) == 1 else None
-        if check is None:
-            return
-        passes = self.target.decode_passes({g.lane.index: g.rows for g in live})
-        verdict = check.add(passes[0], t_verify) if len(passes) == 1 else None
-        if verdict is None:
-            return
-        kind = kinds.pop()
-        del self._checks[kind]
-        on = next((g for g in live if not g.done and g.readout.kind == kind), None)
-        if verdict or on is None:
-            return
-        log.info("the cached decode costs are %.2fx off on this machine now; measuring them again", check.ratio)
-        costs = self._measure_costs(on.lane, on.ctx, self.max_gamma, on.readout)
-        self._store(on.readout, costs)
-        # Every cost the lanes hold came from the cache too (the curve is shared): all of it is replaced.
-        self._costs = {kind: costs}
-        self._checks.clear()
-        self._curve_seeded = {kind}
-        for i, lane in enumerate(lane for lane in self._lanes if lane.auto is not None):
-            lane.auto.forget_costs()
-            lane.auto.record_costs(costs.verify if i == 0 else {}, costs.draft, costs.catchup, costs.switch)
-            lane.calibrated_for = kind
-
-    def _measure_costs(self, lane: Lane, ctx: list[int], max_gamma: int, readout: Readout) -> Costs:
-        """Two decodes of every verify width at the current context position (so attention length is realistic),
-        rolled back, and what a change of width adds (:func:`~edgespec.drafters.costs.time_switch`); the first
-        request's prefill time includes them (8.2 s for a 1.5B model on a 2-core CPU, 1.1 s of it the change of
-        width)."""
-        # Every width, because the curve is not smooth: CPU kernels work in blocks, so a 16-token decode
-        # measured cheaper than a 15-token one (6.7 vs 8.5 single steps) and 8 about as cheap as 7. The faster
-        # of two samples, because one delayed sample would rule a width out for good (rounds only re-measure
-        # the widths they use; replays with noisy timings showed that as run-to-run swings of 10 % or more).
-        # The plain step, the yardstick, gets three.
-        pending = ctx[-1]
-        target = lane.target
-        fits = range(1, min(max_gamma + 1, self.target.n_ctx - len(ctx)) + 1)
-        verify = {b: min(time_decodes(target, pending, b, 3 if b == 1 else 2, readout)) for b in fits}
-        # Between 1 and 2 rows, the cheapest change (a graph costs about the same to build whatever its width).
-        switch = time_switch(target, pending, 2, SWITCH_SAMPLES, readout) if 2 in verify else 0.0
-        draft: dict[str, float] = {}
-        catchup: dict[str, float] = {}
-        if lane.draft is not None and self.draft_model is not None and len(ctx) + 32 <= self.draft_model.n_ctx:
-            draft["model"] = min(time_decodes(lane.draft, pending, 1, 3, readout))
-            # What bringing the draft model back after it sat out costs per missed token: a batched decode (the
-            # second of two: the first builds the graph for that shape).
-            catchup["model"] = time_decodes(lane.draft, pending, 32, 2, None)[-1] / 32
-        return Costs(verify, draft, catchup, switch)
 
     def _check_fits(self, n_prompt: int, max_tokens: int, headroom: int | None = None) -> None:
         # The verify batch can reach γ tokens past the last committed one before the rollback.

@@ -656,17 +656,17 @@ def test_the_load_bench_calibrates_every_readout_before_its_timed_runs(tiny_mode
     """A constrained class reads top-k candidates where greedy reads the argmax: auto calibrates each readout once
     (seconds of decodes), and the warm-ups, not a timed run's first request, must pay for it."""
     from edgespec.bench.load import run_load_bench
-    from edgespec.engine import Engine
+    from edgespec.calibrate import Calibration
     from edgespec.models.backend import Model
 
     measured: list[str] = []
-    original = Engine._measure_costs
+    original = Calibration.measure
 
-    def counting(self, lane, ctx, max_gamma, readout):  # noqa: ANN001, ANN202
+    def counting(self, lane, ctx, readout):  # noqa: ANN001, ANN202
         measured.append(readout.kind)
-        return original(self, lane, ctx, max_gamma, readout)
+        return original(self, lane, ctx, readout)
 
-    monkeypatch.setattr(Engine, "_measure_costs", counting)
+    monkeypatch.setattr(Calibration, "measure", counting)
     tasks = load_tasks(["code-edit", "structured"], prompts_per_task=1)
     seen_at_runs: list[list[str]] = []
     params = SamplingParams(temperature=0, max_tokens=4)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from edgespec.drafters.costs import CostCache, Costs
+from edgespec.calibrate import CostCache, Costs
 
 COSTS = Costs(verify={1: 0.01, 2: 0.018}, draft={"model": 0.006}, catchup={"model": 0.004})
 KEY = "machine model setup"
@@ -38,7 +38,7 @@ def test_a_damaged_file_is_warned_about_once_and_rebuilt(
     path = tmp_path / "costs.json"
     path.write_bytes(DAMAGED[kind])
     cache = CostCache(path)
-    with caplog.at_level(logging.WARNING, logger="edgespec.drafters.costs"):
+    with caplog.at_level(logging.WARNING, logger="edgespec.calibrate"):
         assert cache.get(KEY) is None
         assert cache.get(KEY) is None
         cache.put(KEY, COSTS)
@@ -68,7 +68,7 @@ def test_a_malformed_entry_is_measured_again_and_dropped(
     good = {"verify": {"1": 0.5}, "draft": {}, "catchup": {}}
     path.write_text(json.dumps({KEY: entry, "other setup": good}))
     cache = CostCache(path)
-    with caplog.at_level(logging.WARNING, logger="edgespec.drafters.costs"):
+    with caplog.at_level(logging.WARNING, logger="edgespec.calibrate"):
         assert cache.get(KEY) is None
     assert "malformed entry" in caplog.text
     assert cache.get("other setup") == Costs(verify={1: 0.5}, draft={}, catchup={})  # the rest is kept
@@ -80,7 +80,7 @@ def test_an_unreadable_cache_only_means_measuring_again(tmp_path: Path, caplog: 
     path = tmp_path / "costs.json"
     path.mkdir()  # not a file: cannot be read, cannot be replaced
     cache = CostCache(path)
-    with caplog.at_level(logging.WARNING, logger="edgespec.drafters.costs"):
+    with caplog.at_level(logging.WARNING, logger="edgespec.calibrate"):
         assert cache.get(KEY) is None
         cache.put(KEY, COSTS)  # no error: the costs stay in memory for this run
     assert "cannot be read" in caplog.text and path.is_dir()
@@ -91,7 +91,7 @@ def test_costs_are_measured_again_after_a_reboot_and_the_old_boots_entries_go(
 ) -> None:
     # A host name and a core count name many VMs alike ("vm 2"): a curve measured on the last one must not stand for
     # this one's. The key names the boot; a put drops what this host wrote before it, and leaves other hosts' alone.
-    import edgespec.drafters.costs as costs_module
+    import edgespec.calibrate as costs_module
 
     boot_id = tmp_path / "boot_id"
     monkeypatch.setattr(costs_module, "BOOT_ID", boot_id)
@@ -118,7 +118,7 @@ def test_costs_are_measured_again_after_a_reboot_and_the_old_boots_entries_go(
 
 # ----- cached costs checked against live decodes --------------------------------------------------------------
 def test_a_cost_check_decides_on_the_median_of_its_samples() -> None:
-    from edgespec.drafters.costs import CostCheck
+    from edgespec.calibrate import CostCheck
 
     holds = CostCheck({1: 0.010, 4: 0.020})
     assert holds.add(9, 1.0) is None  # a width the cache does not price says nothing

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from edgespec.calibrate import CostCache, Costs, machine_key
 from edgespec.cli import main
-from edgespec.drafters.costs import CostCache, Costs, machine_key
 
 doctor_module = importlib.import_module("edgespec.cli.doctor")  # the package's `doctor` is the click command
 

@@ -368,7 +368,7 @@ def test_one_request_at_a_time() -> None:
 
 
 def test_measured_costs_are_cached_for_the_next_engine(tmp_path) -> None:
-    from edgespec.drafters.costs import CostCache
+    from edgespec.calibrate import CostCache
 
     cache = CostCache(tmp_path / "costs.json")
     # Decodes that cost what they sleep, so that the live ones bear the cached figures out (see CostCheck).
@@ -451,13 +451,13 @@ class _GraphRebuildingFake(FakeModel):
 
 
 def test_the_calibration_measures_what_a_change_of_width_adds_and_the_controller_prices_it(tmp_path) -> None:
-    from edgespec.drafters.costs import CostCache
+    from edgespec.calibrate import CostCache
 
     cache = CostCache(tmp_path / "costs.json")
     target = _GraphRebuildingFake(eos_bias=-9, delay=0.001)
     engine = Engine(target, None, draft_len="auto", lookup=True, cost_cache=cache)
     run(engine, params=SamplingParams(temperature=0, max_tokens=8))
-    (costs,) = engine._costs.values()
+    (costs,) = engine.calibration.costs.values()
     assert 0.002 < costs.switch < 0.02  # the sleep, give or take a busy machine's timing
     assert engine._lanes[0].auto.verify_cost.switch == costs.switch  # what plans price
     assert next(iter(cache.entries())).costs.switch == costs.switch  # and what the next process reads

@@ -31,7 +31,7 @@ def decode_costs(
     not fit after it), every row read back as ``readout`` (as a verify asks; greedy's argmax by default)."""
     import statistics
 
-    from edgespec.drafters.costs import time_decodes
+    from edgespec.calibrate import time_decodes
 
     context = max(min(context, model.n_ctx - max(widths, default=1) - 1), 1)
     with _after_a_context(model, context) as token:
@@ -42,8 +42,8 @@ def decode_costs(
 def width_change_cost(model: Model, reps: int = 8, readout: Readout = ARGMAX) -> float:
     """What a one-token decode costs more right after a 2-token one than after another one-token decode (llama.cpp
     builds a new graph for a batch of another shape), after a 64-token context: see
-    :func:`edgespec.drafters.costs.time_switch`."""
-    from edgespec.drafters.costs import time_switch
+    :func:`edgespec.calibrate.time_switch`."""
+    from edgespec.calibrate import time_switch
 
     with _after_a_context(model) as token:
         return time_switch(model, token, 2, reps, readout)

@@ -153,7 +153,7 @@ def threads_section() -> dict[str, Any]:
 
 def costs_section(now: float | None = None) -> dict[str, Any]:
     """The decode costs cached for this machine, per setup, with their age."""
-    from edgespec.drafters.costs import CostCache, key_models, machine_key
+    from edgespec.calibrate import CostCache, key_models, machine_key
     from edgespec.paths import cost_cache_path
 
     cache = CostCache(cost_cache_path())

@@ -1,9 +1,10 @@
-"""Measured decode costs, remembered per machine and model setup.
+"""What decodes cost on this machine: measured, remembered per machine and model setup, and checked.
 
-The engine calibrates what a verify of b tokens and a draft step cost before the controller's first choice (8.2 s
-for a 1.5B model on a 2-core CPU, measured). Those costs belong to the machine, the model file and how it runs
-(threads, GPU layers), not to a process, so they are kept in a small JSON file and reused by the next process of
-the same boot; rounds keep refining them in memory.
+Before auto's first choice the engine's :class:`Calibration` times what a verify of b tokens and a draft step cost
+(8.2 s for a 1.5B model on a 2-core CPU). Those costs belong to the machine, the model file and how it runs
+(threads, GPU layers), not to a process, so they are kept in a small JSON file (:class:`CostCache`) and reused by
+the next process of the same boot, once the first live decodes bear them out (:class:`CostCheck`); rounds keep
+refining them in memory.
 """
 
 from __future__ import annotations
@@ -17,13 +18,21 @@ import re
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgespec.sampling import LOGITS, Readout
 
+if TYPE_CHECKING:
+    from edgespec.generation import Generation, Lane
+
 log = logging.getLogger(__name__)
+
+# One-token decodes timed after another one-token decode and after a 2-token one, to price a change of width: on the
+# dev CPU the change adds 0.2-0.9 ms to a 31 ms step, so it takes a few samples of each to see it (1.1 s there).
+SWITCH_SAMPLES = 5
 
 
 @dataclass(frozen=True)
@@ -251,3 +260,104 @@ def _parse_costs(entry: Any) -> Costs | None:
         return None
     times = [*costs.verify.values(), *costs.draft.values(), *costs.catchup.values(), costs.switch]
     return costs if all(math.isfinite(t) and t >= 0 for t in times) else None
+
+
+class Calibration:
+    """The engine's costs: measured once per readout kind (or read from the cache and checked), recorded into each
+    lane's auto controller.
+
+    A CPU's verify cost grows ~linearly with b while a GPU's is nearly flat: a controller needs the curve before it
+    can choose γ well, and learning it from live rounds costs those rounds.
+    """
+
+    def __init__(self, target: Any, draft: Any, max_gamma: int, lanes: list[Lane], cache: CostCache | None) -> None:
+        self.target, self.draft_model, self.max_gamma = target, draft, max_gamma
+        self._lanes = lanes
+        self._cache = cache
+        self.costs: dict[str, Costs] = {}  # by readout kind, as recorded into the lanes' controllers
+        self._checks: dict[str, CostCheck] = {}  # costs read from the cache, until live decodes confirm them
+        self._curve_seeded: set[str] = set()  # the readouts whose costs the shared curve has taken
+
+    def calibrate(self, lane: Lane, ctx: list[int], readout: Readout) -> None:
+        """Give the lane's controller the costs for ``readout``'s kind: this engine's earlier ones, the cache's when
+        this setup was measured before, else :meth:`measure` them (the lane's KV holds ``ctx[:-1]``)."""
+        costs = self.costs.get(readout.kind)
+        if costs is None:
+            costs = self._cache.get(self._key(readout)) if self._cache is not None else None
+            if costs is not None:
+                self._checks[readout.kind] = CostCheck(costs.verify)
+            else:
+                costs = self.measure(lane, ctx, readout)
+                self._store(readout, costs)
+            self.costs[readout.kind] = costs
+        assert lane.auto is not None
+        # The lanes' controllers share one curve of target decode costs: it takes the calibration once per
+        # readout. Given again by each lane that starts, a single sequence's costs would keep pulling back what
+        # the shared decodes have measured since (4 sequences' 6-row decode took 264 ms where one sequence's 6
+        # tokens had taken 201 ms: see Model's note on llama.cpp's micro-batches).
+        verify = {} if readout.kind in self._curve_seeded else costs.verify
+        self._curve_seeded.add(readout.kind)
+        lane.auto.record_costs(verify, costs.draft, costs.catchup, costs.switch)
+        lane.calibrated_for = readout.kind
+
+    def check(self, live: Sequence[Generation], seconds: float) -> None:
+        """A step's verify of ``live``'s rows took ``seconds``: set a decode of one pass against the cached costs it
+        was planned with; when the first few disagree beyond noise, measure every cost again on a request of this
+        step and replace what the lanes hold."""
+        kinds = {g.readout.kind for g in live}
+        check = self._checks.get(next(iter(kinds))) if len(kinds) == 1 else None
+        if check is None:
+            return
+        passes = self.target.decode_passes({g.lane.index: g.rows for g in live})
+        verdict = check.add(passes[0], seconds) if len(passes) == 1 else None
+        if verdict is None:
+            return
+        kind = kinds.pop()
+        del self._checks[kind]
+        on = next((g for g in live if not g.done and g.readout.kind == kind), None)
+        if verdict or on is None:
+            return
+        log.info("the cached decode costs are %.2fx off on this machine now; measuring them again", check.ratio)
+        costs = self.measure(on.lane, on.ctx, on.readout)
+        self._store(on.readout, costs)
+        # Every cost the lanes hold came from the cache too (the curve is shared): all of it is replaced.
+        self.costs = {kind: costs}
+        self._checks.clear()
+        self._curve_seeded = {kind}
+        for i, lane in enumerate(lane for lane in self._lanes if lane.auto is not None):
+            lane.auto.forget_costs()
+            lane.auto.record_costs(costs.verify if i == 0 else {}, costs.draft, costs.catchup, costs.switch)
+            lane.calibrated_for = kind
+
+    def measure(self, lane: Lane, ctx: list[int], readout: Readout) -> Costs:
+        """Two decodes of every verify width at the current context position (so attention length is realistic),
+        rolled back, and what a change of width adds (:func:`time_switch`); the first request's prefill time
+        includes them (8.2 s for a 1.5B model on a 2-core CPU, 1.1 s of it the change of width)."""
+        # Every width, because the curve is not smooth: CPU kernels work in blocks, so a 16-token decode
+        # measured cheaper than a 15-token one (6.7 vs 8.5 single steps) and 8 about as cheap as 7. The faster
+        # of two samples, because one delayed sample would rule a width out for good (rounds only re-measure
+        # the widths they use). The plain step, the yardstick, gets three.
+        pending = ctx[-1]
+        target = lane.target
+        fits = range(1, min(self.max_gamma + 1, self.target.n_ctx - len(ctx)) + 1)
+        verify = {b: min(time_decodes(target, pending, b, 3 if b == 1 else 2, readout)) for b in fits}
+        # Between 1 and 2 rows, the cheapest change (a graph costs about the same to build whatever its width).
+        switch = time_switch(target, pending, 2, SWITCH_SAMPLES, readout) if 2 in verify else 0.0
+        draft: dict[str, float] = {}
+        catchup: dict[str, float] = {}
+        if lane.draft is not None and self.draft_model is not None and len(ctx) + 32 <= self.draft_model.n_ctx:
+            draft["model"] = min(time_decodes(lane.draft, pending, 1, 3, readout))
+            # What bringing the draft model back after it sat out costs per missed token: a batched decode (the
+            # second of two: the first builds the graph for that shape).
+            catchup["model"] = time_decodes(lane.draft, pending, 32, 2, None)[-1] / 32
+        return Costs(verify, draft, catchup, switch)
+
+    def _key(self, readout: Readout) -> str:
+        # By the readout's kind: what a decode costs barely depends on k, and a key per k would measure again (~4 s)
+        # for every top-k a client sends.
+        setup = setup_key(self.target, self.draft_model)
+        return f"{setup} max_gamma={self.max_gamma} widths=all,2 readout={readout.kind}"
+
+    def _store(self, readout: Readout, costs: Costs) -> None:
+        if self._cache is not None and self.max_gamma + 1 in costs.verify:  # only a complete measurement
+            self._cache.put(self._key(readout), costs)
