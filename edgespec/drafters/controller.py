@@ -675,7 +675,7 @@ class Controller:
         best_draft: _Option | None = None
         bar = plain.rate * (1.0 + self.min_gain)
         for d, cap in caps.items():
-            option = self._option(d, range(1, cap + 1), curve, load=load, remaining=remaining, decode=decode, bar=bar)
+            option = self._option(d, range(1, cap + 1), curve, load=load, remaining=remaining, decode=decode)
             if option is not None and (best_draft is None or option.rate > best_draft.rate):
                 best_draft = option
         # Drafting must promise a margin over plain (see ControllerConfig.min_gain).
@@ -777,14 +777,12 @@ class Controller:
         remaining: int | None = None,
         decode: _DecodeSeconds | None = None,
         prune: bool = True,
-        bar: float = 0.0,
     ) -> _Option | None:
         """The fastest of drafting γ in ``gammas`` with ``drafter`` (None if its cost is unknown); ``alpha``
         replaces a draft model's acceptance estimate. Rates are the batch's: ``load``'s tokens and seconds in.
         ``remaining``: the request's tokens left, over which the allowed part of a catch-up is spread. ``decode``:
-        the plan's decode costs (worked out here if not given). ``bar``: the rate a draft has to beat to be chosen;
-        None where not even the longest draft's expected tokens for the plain decode's cost could. ``prune=False``
-        weighs every γ (the tests' reference for the bounds)."""
+        the plan's decode costs (worked out here if not given). ``prune=False`` weighs every γ (the tests' reference
+        for the bound that stops early)."""
         cost = self._draft_cost(drafter) if cost is None else cost
         if cost is None:
             cost = 0.0  # never measured: weighed at no cost, so that it is tried and measured
@@ -816,11 +814,6 @@ class Controller:
                     allowed = st.gap * min(per_token, self.catchup_allowance * curve[1]) / max(remaining, 1)
         # The most any γ here can count for: the expected tokens grow with γ, and the batch's count with them.
         top = load.batch_tokens(float(expected(gammas[-1])))
-        if prune and top <= bar * (decode(1) + load.seconds + self.loop_seconds(1)):
-            # A draft's decode has more rows than the plain one and costs no less (on every curve measured), so
-            # none can pay: most of lookup's proposals in text that copies nothing are guesses that end here,
-            # without their decodes' passes worked out (a plan for 4 lanes on a GPU: ~1/5 of a step, for nothing).
-            return None
         best = None
         for gamma in gammas:
             # Every γ from here on costs at least this (drafting and the catch-up share grow with γ; the decode
