@@ -16,7 +16,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from edgespec.calibrate import Calibration, CostCache
@@ -32,7 +31,7 @@ from edgespec.drafters.lookup import LookupDrafter
 from edgespec.drafters.model import ModelDrafter, draft_together
 from edgespec.errors import ContextOverflowError, EdgespecError, InvalidParameterError
 from edgespec.events import Event, Finished, Stats
-from edgespec.generation import Generation, Lane
+from edgespec.generation import Generation, Lane, Request
 from edgespec.models.slot import KVModel, Part, common_prefix
 from edgespec.planner import Planner
 from edgespec.sampling import SamplingParams, Scores
@@ -224,15 +223,11 @@ class Engine:
         the wait too. ``draft_len`` and ``lookup`` override the engine's settings for this request only.
         ``cache_prompt=False`` decodes the whole prompt even where a lane's KV already holds part of it.
         """
-        settings = _RequestSettings(
-            parse_draft_len(draft_len) if draft_len is not None else self.draft_len,
-            self._fixed_drafter,
-            self._lookup_on if lookup is None else lookup,
-            cache_prompt,
-        )
+        lookup = self._lookup_on if lookup is None else lookup
+        request_draft_len = parse_draft_len(draft_len) if draft_len is not None else self.draft_len
         if draft_len is not None:
-            self._check_draft_len(settings.draft_len)
-        if settings.lookup and "lookup" not in self.drafters:
+            self._check_draft_len(request_draft_len)
+        if lookup and "lookup" not in self.drafters:
             raise InvalidParameterError("prompt lookup was turned off when the models were loaded")
         if not prompt:
             raise InvalidParameterError("the prompt is empty")
@@ -240,25 +235,24 @@ class Engine:
             raise InvalidParameterError(
                 f"logit_bias names token {params.logit_bias[-1][0]}: the vocabulary has {self.target.n_vocab} tokens"
             )
-        self._check_fits(len(prompt), params.max_tokens, settings.headroom(self.max_gamma))
+        headroom = request_draft_len if isinstance(request_draft_len, int) else self.max_gamma
+        self._check_fits(len(prompt), params.max_tokens, headroom)
         # Compiled for this vocabulary here, before the request takes a lane: a grammar the model cannot use fails
         # the call, and the first constrained request's tokenizer (~1 s to build) holds up no other request.
         constraint = (
             Constraint(params.constraint, self.target, self.target.is_eog) if params.constraint is not None else None
         )
-        return self._serve(list(prompt), params, cancel, settings, constraint)
+        request = Request(
+            list(prompt), params, request_draft_len, self._fixed_drafter, lookup, headroom, cache_prompt, cancel,
+            constraint,
+        )  # fmt: skip
+        return self._serve(request)
 
-    def _serve(
-        self,
-        prompt: list[int],
-        params: SamplingParams,
-        cancel: threading.Event | None,
-        settings: _RequestSettings,
-        constraint: Constraint | None = None,
-    ) -> Iterator[Event]:
-        generation = self._admit(prompt, params, cancel, settings, constraint)
+    def _serve(self, request: Request) -> Iterator[Event]:
+        generation = self._admit(request)
         if generation is None:  # cancelled while it waited for a lane
-            yield Finished(text="", tokens=(), finish_reason="cancelled", stats=Stats(prompt_tokens=len(prompt)))
+            stats = Stats(prompt_tokens=len(request.prompt))
+            yield Finished(text="", tokens=(), finish_reason="cancelled", stats=stats)
             return
         try:
             events = generation.events
@@ -315,14 +309,7 @@ class Engine:
             or (bool(self._waiting) and not all(lane.busy for lane in self._lanes))
         )
 
-    def _admit(
-        self,
-        prompt: list[int],
-        params: SamplingParams,
-        cancel: threading.Event | None,
-        settings: _RequestSettings,
-        constraint: Constraint | None = None,
-    ) -> Generation | None:
+    def _admit(self, request: Request) -> Generation | None:
         """Wait for a free lane (first come, first served) and take the one whose KV shares the longest prefix
         with the prompt; the next step prefills it."""
         me = object()
@@ -334,7 +321,7 @@ class Engine:
                     free = [lane for lane in self._lanes if not lane.busy]
                     if free and self._waiting[0] is me:
                         break
-                    if cancel is not None and cancel.is_set():
+                    if request.cancel is not None and request.cancel.is_set():
                         return None
                     if not free and all(g.owner is threading.current_thread() for g in self._active):
                         raise EdgespecError(
@@ -345,16 +332,10 @@ class Engine:
             finally:
                 self._waiting.remove(me)
                 self._cond.notify_all()
-            lane = max(free, key=lambda ln: common_prefix(ln.target.kv_tokens, prompt))
+            lane = max(free, key=lambda ln: common_prefix(ln.target.kv_tokens, request.prompt))
             lane.busy = True
             try:
-                controller = self._controller(lane, settings)
-                lookup = lane.drafters.get("lookup") if settings.lookup else None
-                target = self.target
-                generation = Generation(
-                    lane, prompt, params, controller, settings.headroom(self.max_gamma), lookup, cancel,
-                    target.is_eog, target.token_text, target.piece, constraint, settings.cache_prompt,
-                )  # fmt: skip
+                generation = Generation(lane, request, self._controller(lane, request))
             except BaseException:
                 lane.busy = False  # the request never began: its lane is free again
                 raise
@@ -388,16 +369,16 @@ class Engine:
                 self._returning.add(generation.owner)
             self._cond.notify_all()
 
-    def _controller(self, lane: Lane, settings: _RequestSettings) -> RoundController:
-        if settings.draft_len == "auto":
+    def _controller(self, lane: Lane, request: Request) -> RoundController:
+        if request.draft_len == "auto":
             if lane.auto is None:
                 lane.auto = Controller(
                     list(lane.drafters), max_gamma=self.max_gamma, verify_cost=self._curve, plan_budget=PLAN_BUDGET
                 )
                 self._curve = lane.auto.verify_cost
             return lane.auto
-        gamma = int(settings.draft_len)
-        name = settings.fixed_drafter if gamma else None
+        gamma = int(request.draft_len)
+        name = request.fixed_drafter if gamma else None
         key = (name, gamma)
         if key not in lane.fixed:
             lane.fixed[key] = FixedController(name, gamma)
@@ -614,16 +595,3 @@ class Verified(NamedTuple):
     seconds: float
     shared: bool  # the decode carried other sequences (or prompt chunks) too
     with_prompt: bool  # it carried prompt tokens: its time is no verify's cost
-
-
-@dataclass(frozen=True)
-class _RequestSettings:
-    """The engine's settings as one request started with them (a request may override them)."""
-
-    draft_len: int | str
-    fixed_drafter: str | None
-    lookup: bool
-    cache_prompt: bool = True
-
-    def headroom(self, max_gamma: int) -> int:
-        return self.draft_len if isinstance(self.draft_len, int) else max_gamma

@@ -22,7 +22,6 @@ import numpy as np
 from edgespec.constraint import Constraint, Mask
 from edgespec.drafters.base import FORCED, Draft, Drafter
 from edgespec.drafters.controller import Load, Plan, RoundController
-from edgespec.drafters.lookup import LookupDrafter
 from edgespec.drafters.model import Drafting, ModelDrafter
 from edgespec.events import Chunk, Event, Finished, FinishReason, Span, Stats, TokenLogprob
 from edgespec.logprobs import row_logprob, token_logprob
@@ -33,6 +32,21 @@ from edgespec.text import TextStream
 from edgespec.verify import Verdict, verify_greedy, verify_stochastic
 
 PROMPT_ROWS = 64  # prompt tokens a scored prefill decodes at once (each is a row: llama.cpp's buffers hold 65)
+
+
+@dataclass(frozen=True)
+class Request:
+    """A request as the engine took it: what to generate after which prompt, and how to draft for it."""
+
+    prompt: list[int]
+    params: SamplingParams
+    draft_len: int | str  # a fixed γ (0: plain decoding) or "auto"
+    fixed_drafter: str | None  # what a fixed γ drafts with
+    lookup: bool  # prompt lookup drafts (and auto may choose it)
+    headroom: int  # the most tokens a verify may reach past the committed text: the fixed γ, or auto's largest
+    cache_prompt: bool = True  # keep the prefix of the prompt the lane's KV already holds (llama-server's name)
+    cancel: threading.Event | None = None
+    constraint: Constraint | None = None  # compiled for the target's vocabulary
 
 
 @dataclass(frozen=True)
@@ -76,53 +90,41 @@ class Generation:
     """A request on a lane, between its admission and its :class:`Finished` event. Its events queue up in
     :attr:`events` (an exception ends them), for the thread that owns the request to yield."""
 
-    def __init__(
-        self,
-        lane: Lane,
-        prompt: Sequence[int],
-        params: SamplingParams,
-        controller: RoundController,
-        max_gamma: int,
-        lookup: LookupDrafter | None,
-        cancel: threading.Event | None,
-        is_eog,
-        token_text,
-        piece,
-        constraint: Constraint | None = None,
-        cache_prompt: bool = True,
-    ) -> None:
+    def __init__(self, lane: Lane, request: Request, controller: RoundController) -> None:
         self.lane = lane
         # Whether the prefix of the prompt that the lane's KV already holds is kept (llama-server's cache_prompt):
         # off, the whole prompt is decoded again, as for a client that asked for no caching (and a benchmark whose
         # time to first token must include every prompt's prefill).
-        self.cache_prompt = cache_prompt
-        self.params = params
+        self.cache_prompt = request.cache_prompt
+        self.params = params = request.params
         self.controller = controller
-        self.max_gamma = max_gamma  # a fixed γ drafts exactly that far; auto up to max_gamma
-        self.lookup = lookup
-        self.cancel = cancel
+        self.max_gamma = request.headroom  # a fixed γ drafts exactly that far; auto up to max_gamma
+        self.lookup = lane.drafters.get("lookup") if request.lookup else None
+        self.cancel = request.cancel
         self.cancelled = False  # set by the engine (Engine.cancel)
         self.owner = threading.current_thread()  # the thread that iterates its events
-        self._is_eog, self._token_text = is_eog, token_text
-        self.ctx = list(prompt)
-        self.n_prompt = len(prompt)
+        target = lane.target
+        self._is_eog, self._token_text = target.is_eog, target.token_text
+        self.ctx = list(request.prompt)
+        self.n_prompt = len(request.prompt)
         self.rng: Uniforms = params.rng()
         # The output's constraint, if any: its state after the committed output, forked along each draft.
+        constraint = request.constraint
         if constraint is None and params.constraint is not None:
-            constraint = Constraint(params.constraint, lane.target, is_eog)
+            constraint = Constraint(params.constraint, target, target.is_eog)
         self.constraint = constraint
         # What the verify reads back per row: the argmax or the top-k candidates, selected inside llama.cpp.
-        self.readout: Readout = verify_readout(params, lane.target.n_vocab)
+        self.readout: Readout = verify_readout(params, target.n_vocab)
         self.events: deque[Event | BaseException] = deque()
         self.done = False
-        self.text = TextStream(piece, params.stop)
+        self.text = TextStream(target.piece, params.stop)
         self.out: list[int] = []  # the output's tokens (no end-of-generation token)
         self.logprobs: list[TokenLogprob] = []  # theirs, when asked for
         # the prompt's, when asked for: its first token has none
         self.prompt_logprobs: list[TokenLogprob | None] = [None] if params.prompt_logprobs is not None else []
         self.clock = time.perf_counter
         self.t_start = self.clock()
-        self.tally = _Tally(self.n_prompt, max_gamma, lane.target.readout_path(self.readout))
+        self.tally = _Tally(self.n_prompt, self.max_gamma, target.readout_path(self.readout))
         self.stats = self.tally.snapshot(self.t_start, 0.0, None, controller)
         self._models = [m for m in (lane.target, lane.draft) if m is not None]
         self._busy_at_start = 0.0

@@ -19,9 +19,10 @@ from test_engine import ENGINE_PATHS, ENGINE_PROMPT, MARGIN, exact_output_joint,
 from edgespec import engine as engine_module
 from edgespec.api import Runtime
 from edgespec.drafters.controller import NO_LOAD, Controller, Load, Plan, VerifyCost
-from edgespec.engine import Engine, _RequestSettings
+from edgespec.engine import Engine
 from edgespec.errors import EdgespecError, InvalidParameterError
 from edgespec.events import Chunk, Finished
+from edgespec.generation import Request
 from edgespec.sampling import SamplingParams
 
 PROMPTS = [[3, 5, 7, 5, 3], [1, 2, 3, 1, 2, 3], [4, 4, 9, 2], [8, 6, 8, 6, 8, 6, 8]]
@@ -496,7 +497,7 @@ def test_only_a_step_that_ends_requests_opens_the_hand_over(monkeypatch) -> None
     target = FakeModel(eos_bias=-9, n_seq=2)
     engine = Engine(target, None, draft_len=0, parallel=2)
     params = SamplingParams(temperature=0, max_tokens=3)
-    ended = engine._admit(list(PROMPTS[0]), params, None, _RequestSettings(0, None, False))
+    ended = engine._admit(Request(list(PROMPTS[0]), params, 0, None, False, 0))
     ended.done = True
     ended.owner = threading.Thread(target=lambda: None)  # its caller
     engine._release(1.0, ended_before={id(ended)})
@@ -517,19 +518,18 @@ def test_prompts_go_in_first_come_first_served_and_the_first_token_comes_with_th
     target = FakeModel(eos_bias=-9, n_seq=3, n_ctx=512)
     engine = Engine(target, None, draft_len=0, parallel=3)
     greedy = SamplingParams(temperature=0, max_tokens=8)
-    settings = _RequestSettings(0, None, False)
     first, second = [1 + i % 9 for i in range(21)], [2 + i % 7 for i in range(13)]
 
     def parts_of(step: int) -> list[tuple[int, int]]:
         """(tokens, rows) of each part of the step's decode."""
         return target.decode_calls[calls_before[step] :]
 
-    a, b = engine._admit(first, greedy, None, settings), engine._admit(second, greedy, None, settings)
+    a, b = (engine._admit(Request(prompt, greedy, 0, None, False, 0)) for prompt in (first, second))
     calls_before = [len(target.decode_calls)]
     engine._step()  # a's whole prompt and its first row; b waits
     assert parts_of(0) == [(21, 1)] and len(a.events) == 1 and not b.prefill_begun
     c_prompt = [3 + i % 5 for i in range(11)]
-    c = engine._admit(c_prompt, greedy, None, settings)
+    c = engine._admit(Request(c_prompt, greedy, 0, None, False, 0))
     calls_before.append(len(target.decode_calls))
     engine._step()  # a's row; b and c prefilling: 2 x 8 tokens, all b's 12 first (the last with its first row)
     assert sorted(parts_of(1)) == [(1, 1), (4, 0), (13, 1)]
