@@ -34,6 +34,7 @@ from edgespec.events import Event, Finished, Stats
 from edgespec.generation import Generation, Lane, Request
 from edgespec.models.slot import KVModel, Part, common_prefix
 from edgespec.planner import Planner
+from edgespec.prefill import Prefill
 from edgespec.sampling import SamplingParams, Scores
 
 # Long drafts only pay in copy streaks (prompt lookup), but there they do: on a CPU a 16-token verify measured
@@ -46,13 +47,6 @@ PLAN_BUDGET = 0.01
 # Requests one engine serves at once: llama.cpp allows 256 sequences, but a decode's 65 rows shared by more than
 # 16 leaves them a few rows each, and every sequence holds its own n_ctx of KV.
 MAX_PARALLEL = 16
-# Prompt tokens a step carries for each request still prefilling while others are in rounds (the earliest request's
-# first): on a 2-core CPU ~2 s of the 1.5B's prefill (~17 ms a token), so a long prompt delays the others' tokens
-# by that much a step, not by the whole prompt.
-PREFILL_CHUNK = 128
-# A prompt prefix another lane holds is copied from it when at least this long: the copy moves a whole KV buffer
-# (llama.cpp copies no less between sequences), which costs about what decoding a few dozen tokens does.
-MIN_SHARED_PREFIX = 64
 # After a step that finished requests, the next one waits up to this share of that step's time (at most
 # HANDOVER_MAX_SECONDS) for their callers to take the results and come back with new requests, so that those join
 # it: a client that sends its next request as soon as one ends (an agent, a batch job, the bench's closed loop) got
@@ -110,6 +104,7 @@ class Engine:
         self._curve: VerifyCost | None = None  # the target's decode costs: the auto controllers of all lanes share it
         self._planner = Planner(target.decode_passes, target.max_verify_rows, target.n_batch, lambda: self._curve)
         self.calibration = Calibration(target, draft, self.max_gamma, self._lanes, cost_cache)
+        self._prefill = Prefill(target, self._lanes, self.calibration)
         # One condition guards the lanes, the requests and the stepper's role: a thread waits on it for its
         # request's events, for a lane, or for the step another thread is running.
         self._cond = threading.Condition()
@@ -403,7 +398,7 @@ class Engine:
                 generation.finish("cancelled")
         in_rounds = [g for g in self._active if not g.done and g.prefilled]
         joining = [g for g in self._active if not g.done and not g.prefilled]
-        prefills, opening = self._prefill_parts(joining, bool(in_rounds))
+        prefills, opening = self._prefill.parts(joining, bool(in_rounds))
         return in_rounds + opening, prefills
 
     def _draft(self, live: list[Generation]) -> list[Generation]:
@@ -432,7 +427,7 @@ class Engine:
         parts = [g.part() for g in live] + [part for _, part in prefills]
         t0 = time.perf_counter()
         try:
-            scores = self.target.decode_batch(parts) if len(parts) > 1 else [_decode_alone(parts[0])]
+            scores = self.target.decode_batch(parts) if len(parts) > 1 else [parts[0].decode()]
         except Exception as error:  # noqa: BLE001  # the decode failed for all in it: each request gets the error
             for generation in [*live, *(g for g, _ in prefills)]:
                 generation.abort(error)
@@ -440,7 +435,7 @@ class Engine:
         seconds = time.perf_counter() - t0
         for generation, _ in prefills:
             if generation.prefill_done:
-                self._begin(generation)
+                self._prefill.begin(generation)
         if not live:
             return None
         with_prompt = bool(prefills) or any(g.prompt_tail for g in live)
@@ -470,104 +465,6 @@ class Engine:
         if not verified.with_prompt:
             self.calibration.check(live, seconds)
 
-    def _prefill_parts(
-        self, joining: list[Generation], others_in_rounds: bool
-    ) -> tuple[list[tuple[Generation, Part]], list[Generation]]:
-        """The next prompt chunk of the requests still prefilling, first come first served; and the requests whose
-        rounds begin in this step's decode (:meth:`Generation.open_with_prompt_tail`: their chunk ends the prompt,
-        and their first verify follows it in the decode).
-
-        With no request in rounds, the earliest prompt goes in whole and alone: its first token comes when its own
-        prefill ends, not when those of every prompt that arrived with it end too (prompts prefilled side by side
-        all wait for the last of them). Beside requests in rounds, a step carries :data:`PREFILL_CHUNK` prompt
-        tokens for each request prefilling, so that a long prompt delays the others' next tokens by about that
-        much a step, not by the whole prompt; they go to the earliest request first, and the next one's prompt
-        begins where the earliest one's ends. A bit-exact target, and a prompt to be scored, prefill on a decode
-        of their own (bit-exact: the whole prompt, for its KV to round as a lone request's does)."""
-        parts, opening = [], []
-        bit_exact = self.target.bit_exact
-        whole = self.target.n_batch * 64
-        # Prompt tokens this step still carries: None while no request has been given any (with none in rounds,
-        # the first is given its whole prompt and the rest wait for the next step).
-        budget: int | None = PREFILL_CHUNK * len(joining) if others_in_rounds else None
-        for generation in joining:
-            own_decode = bit_exact or generation.scores_prompt
-            if budget == 0 and not own_decode:
-                continue  # its turn comes when those before it are in
-            try:
-                if not generation.prefill_begun and not generation.scores_prompt and generation.cache_prompt:
-                    self._share_prefix(generation)
-                if own_decode:
-                    # Bit-exact, the whole prompt as a lone request prefills it; scored, up to 64 rows a chunk.
-                    limit = whole if bit_exact or not others_in_rounds else PREFILL_CHUNK
-                else:
-                    limit = whole if budget is None else budget
-                part = generation.prefill_part(limit)
-                if part is None:  # the lane's KV already held the whole prompt
-                    self._begin(generation)
-                elif own_decode:
-                    start = len(part.slot.kv_tokens)
-                    rows = _decode_alone(part)
-                    if generation.scores_prompt:
-                        generation.take_prompt_rows(start, rows)
-                    if generation.prefill_done:
-                        self._begin(generation)
-                elif self._opens_with(generation, part.tokens):
-                    generation.open_with_prompt_tail(list(part.tokens))
-                    opening.append(generation)
-                else:
-                    parts.append((generation, part))
-                if part is not None and not own_decode:
-                    budget = 0 if budget is None else max(budget - len(part.tokens), 0)
-            except Exception as error:  # noqa: BLE001  # its own prompt's failure
-                generation.fail(error)
-        return parts, opening
-
-    def _opens_with(self, generation: Generation, chunk: list[int]) -> bool:
-        """Whether ``chunk`` ends the prompt's prefill and the first round can ride on it: not when the lane's
-        controller still has to measure this machine's costs (on the prompt in the KV), nor when nothing is to be
-        generated."""
-        ends = len(generation.lane.target.kv_tokens) + len(chunk) >= len(generation.ctx) - 1
-        return ends and not self._needs_calibration(generation) and generation.params.max_tokens > 0
-
-    @staticmethod
-    def _needs_calibration(generation: Generation) -> bool:
-        """Whether the request's lane runs auto and has not yet measured this machine's costs for its readout."""
-        lane = generation.lane
-        return generation.controller is lane.auto and generation.readout.kind != lane.calibrated_for
-
-    def _share_prefix(self, generation: Generation) -> None:
-        """When another lane's KV holds more of this prompt than this lane's does (the same prompt for several
-        choices, a shared system prompt), copy those cells instead of prefilling them again."""
-        lane, want = generation.lane, generation.ctx[:-1]
-        own = common_prefix(lane.target.kv_tokens, want)
-        donor, best = None, own
-        for other in self._lanes:
-            if other is not lane:
-                shared = common_prefix(other.target.kv_tokens, want)
-                if shared > best:
-                    donor, best = other, shared
-        if donor is None or best < MIN_SHARED_PREFIX or not hasattr(lane.target, "copy_prefix_from"):
-            return
-        lane.target.copy_prefix_from(donor.target, best)
-        if lane.draft is not None and donor.draft is not None:
-            lane.draft.copy_prefix_from(donor.draft, common_prefix(donor.draft.kv_tokens, want[:best]))
-
-    def _begin(self, generation: Generation) -> None:
-        """The prompt is in the target's KV: bring the drafters in step, calibrate once, and start the rounds."""
-        try:
-            generation.begin_rounds()
-            lane = generation.lane
-            if self._needs_calibration(generation):
-                self.calibration.calibrate(lane, generation.ctx, generation.readout)
-        except Exception as error:  # noqa: BLE001
-            generation.lane.roll_back(generation.ctx)
-            generation.fail(error)
-            return
-        generation.started()
-        if generation.params.max_tokens == 0:  # the prompt scored, nothing to generate
-            generation.finish("length")
-
     def _check_fits(self, n_prompt: int, max_tokens: int, headroom: int | None = None) -> None:
         # The verify batch can reach γ tokens past the last committed one before the rollback.
         headroom = self.headroom if headroom is None else headroom
@@ -582,10 +479,6 @@ class Engine:
                     f"= {need} tokens exceeds the {role} context of {n_ctx}; shorten the prompt, lower "
                     f"max_tokens, or load with a larger n_ctx"
                 )
-
-
-def _decode_alone(part: Part) -> Scores:
-    return part.slot.decode(part.tokens, part.rows, part.readout)
 
 
 class Verified(NamedTuple):

@@ -17,12 +17,14 @@ from stat_tools import worst
 from test_engine import ENGINE_PATHS, ENGINE_PROMPT, MARGIN, exact_output_joint, plain_greedy
 
 from edgespec import engine as engine_module
+from edgespec import prefill as prefill_module
 from edgespec.api import Runtime
 from edgespec.drafters.controller import NO_LOAD, Controller, Load, Plan, VerifyCost
 from edgespec.engine import Engine
 from edgespec.errors import EdgespecError, InvalidParameterError
 from edgespec.events import Chunk, Finished
 from edgespec.generation import Request
+from edgespec.prefill import Prefill
 from edgespec.sampling import SamplingParams
 
 PROMPTS = [[3, 5, 7, 5, 3], [1, 2, 3, 1, 2, 3], [4, 4, 9, 2], [8, 6, 8, 6, 8, 6, 8]]
@@ -371,7 +373,7 @@ def test_cache_prompt_false_prefills_the_whole_prompt_again_and_gives_the_same_r
     assert (cached.stats.prefilled_tokens, again.stats.prefilled_tokens, fresh.stats.prefilled_tokens) == (99, 0, 99)
     # Nor is another lane's KV copied: the engine does not look for one.
     looked: list[bool] = []
-    monkeypatch.setattr(Engine, "_share_prefix", lambda self, g: looked.append(g.cache_prompt))
+    monkeypatch.setattr(Prefill, "_share_prefix", lambda self, g: looked.append(g.cache_prompt))
     Runtime(engine).generate_many([long_prompt] * 2, greedy)
     for events in _interleave([engine.stream(long_prompt, greedy, cache_prompt=False) for _ in range(2)]):
         assert events[-1].stats.prefilled_tokens == 99 and events[-1].tokens == cached.tokens
@@ -514,7 +516,7 @@ def test_prompts_go_in_first_come_first_served_and_the_first_token_comes_with_th
     """With none in rounds, the earliest prompt goes in whole and alone (those that arrived with it would otherwise
     all wait for the last of them); beside rounds, PREFILL_CHUNK tokens a step for each request prefilling, given
     to the earliest first; and a request's first verify row is in the decode that ends its prompt."""
-    monkeypatch.setattr(engine_module, "PREFILL_CHUNK", 8)
+    monkeypatch.setattr(prefill_module, "PREFILL_CHUNK", 8)
     target = FakeModel(eos_bias=-9, n_seq=3, n_ctx=512)
     engine = Engine(target, None, draft_len=0, parallel=3)
     greedy = SamplingParams(temperature=0, max_tokens=8)

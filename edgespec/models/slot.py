@@ -113,6 +113,10 @@ class Part(NamedTuple):
     rows: Sequence[int]
     readout: Readout
 
+    def decode(self) -> Scores:
+        """This part alone, as a decode of its sequence."""
+        return self.slot.decode(self.tokens, self.rows, self.readout)
+
 
 @runtime_checkable
 class KVModel(KVSlot, Protocol):
