@@ -7,6 +7,7 @@ from gpu_regime import ScriptedModel, load_traces, measure
 from edgespec.api import Runtime
 from edgespec.drafters.controller_sim import H200_PROFILE, CostProfile
 from edgespec.engine import Engine
+from edgespec.planner import Planner
 from edgespec.sampling import SamplingParams
 
 
@@ -33,16 +34,16 @@ def test_a_measurement_counts_every_class_and_strategy():
 
 
 def _lockstep_rounds(monkeypatch) -> list[list[int]]:
-    """Records the rows of each sequence in every step that drafted in lockstep (see Engine._lockstep)."""
+    """Records the rows of each sequence in every step that drafted in lockstep (see Planner._lockstep)."""
     taken: list[list[int]] = []
-    original = Engine._lockstep
+    original = Planner._lockstep
 
-    def recording(self, live, budget):  # noqa: ANN001, ANN202
-        original(self, live, budget)
+    def recording(self, live):  # noqa: ANN001, ANN202
+        original(self, live)
         if all(g.plan.reason.startswith("lockstep") for g in live):
             taken.append([g.rows for g in live])
 
-    monkeypatch.setattr(Engine, "_lockstep", recording)
+    monkeypatch.setattr(Planner, "_lockstep", recording)
     return taken
 
 
