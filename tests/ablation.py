@@ -212,6 +212,50 @@ EMULATED = {
 }
 
 
+def controller_time(task_traces: list[dict], lanes: int, removed: str) -> float:
+    """CPU µs a round of the controller's plan and observe, replaying ``task_traces`` at the H200's curve beside
+    ``lanes - 1`` other plain rows (as a lane of the engine plans them), every round plain (what a request that
+    drafts nothing pays), with the mechanism ``removed`` (a key of :data:`EMULATED`)."""
+    from edgespec.drafters.controller import NO_LOAD, Load
+    from edgespec.models.microbatch import decode_passes
+
+    saved = {attr: getattr(Controller, attr) for attr in EMULATED[removed]}
+    for attr, value in EMULATED[removed].items():
+        setattr(Controller, attr, value)
+    try:
+        total, rounds = 0.0, 0
+        for t in task_traces:
+            lookup = LookupDrafter()
+            context = list(t["prompt"])
+            lookup.reset(context)
+            ctl = Controller(["lookup"], max_gamma=MAX_GAMMA, plan_budget=0.01)  # the engine's PLAN_BUDGET
+            ctl.record_costs({b: H200_PROFILE.verify(b) for b in range(1, 18)}, {}, switch=0.001)
+            others = dict.fromkeys(range(lanes - 1), 1)
+
+            def passes(n: int, others: dict[int, int] = others) -> list[int]:
+                return decode_passes({**others, lanes - 1: n}, 512, gaps_filled=True)
+
+            load = NO_LOAD
+            if lanes > 1:
+                load = Load(rows=lanes - 1, tokens=lanes - 1.0, room=60, passes=passes, sequences=lanes - 1)
+            for token in t["output"]:
+                proposal = lookup.propose(context, MAX_GAMMA).tokens
+                t0 = time.thread_time()
+                plan = ctl.plan(proposal, load, 100, lookup.last_agreement, lookup.last_from_prompt)
+                ctl.observe(
+                    plan, n_drafted=0, n_accepted=0, t_draft=0.0, t_verify=H200_PROFILE.verify(lanes),
+                    committed=[token], record_verify=False,
+                )  # fmt: skip
+                total += time.thread_time() - t0
+                rounds += 1
+                context.append(token)
+                lookup.commit(context)
+        return total / rounds * 1e6
+    finally:
+        for attr, value in saved.items():
+            setattr(Controller, attr, value)
+
+
 def emulate(lanes: int, repeats: int, names: list[str]) -> dict[str, dict[str, tuple[float, float, float]]]:
     """Mechanism removed -> class -> (auto / plain by the clock, the medians of ``repeats`` runs; auto's and plain's
     Python in µs a token). The variants take turns, their order reversed every other run (the machine's load drifts).
@@ -331,6 +375,16 @@ def main() -> None:
         for curve in ("CPU", "H200"):
             table(f"{curve}: replayed with noise sigma {NOISY}, mean of {args.seeds} seeds", means, {"full": sp},
                   classes, curve, dict.fromkeys(noisy_names, "full"))  # fmt: skip
+    if not args.only or "plan reuse" in args.only.split(","):
+        bench = load()["bench"][1]
+        tasks = ("bench/code-gen", "bench/creative", "bench/math")
+        print("\nthe controller's plan and observe, CPU µs a round of plain decoding, median of 3 (H200 curve)")
+        print(f"{'mechanism removed':<20}{'lanes':>6}" + "".join(f"{t:>16}" for t in tasks))
+        for lanes in (1, 4):
+            for name in EMULATED:
+                runs = [[controller_time(bench[t], lanes, name) for t in tasks] for _ in range(3)]
+                cells = "".join(f"{sorted(r[i] for r in runs)[1]:16.1f}" for i in range(len(tasks)))
+                print(f"{name:<20}{lanes:>6}{cells}")
     if not args.only or "loop pricing" in args.only.split(","):
         looped = {name: speeds(v, data) for name, v in LOOP_VARIANTS.items()}
         bases = dict.fromkeys(looped, "loop charged, priced")
