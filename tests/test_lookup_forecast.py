@@ -264,9 +264,7 @@ def test_replay_on_recorded_qwen_generations():
         assert speedup[task] >= 0.99, (task, speedup[task])  # where nothing is copied, it stays plain
         assert speedup[task] <= ceiling[task] + 1e-9
     # Where answers copy: half of what is there (the run state of the forecast took 46 % and 43 % of code edits' and
-    # summaries' ceilings here, the agreement 53 % and 51 %; lifting firmer anchors to looser ones' evidence moved
-    # these three summaries to 48 %, while the corpus's ten went from 50 % to 55 %: see the next test), and most of
-    # translations' short copies.
+    # summaries' ceilings here, the agreement 53 % and 51 %), and most of translations' short copies.
     # (The coverage of a reply copying its prompt moved these three code edits from 51 % to 48 % at this curve, and
     # the bench's code edits up at eight of ten curves replayed: see LookupForecast.)
     for task, share in (("code-edit", 0.45), ("summarize", 0.45), ("translate", 0.7)):
