@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from edgespec.events import Stats, TokenLogprob
-from edgespec.server.prepare import GenerationRequest, ToolUse
+from edgespec.server.request import GenerationRequest, ToolUse
 from edgespec.server.worker import Outcome
 from edgespec.tools import ToolCall, parse_calls
 

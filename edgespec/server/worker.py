@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from edgespec.errors import EdgespecError
 from edgespec.events import Chunk, Event, Finished
 from edgespec.server.errors import ApiError
-from edgespec.server.prepare import GenerationRequest
+from edgespec.server.request import GenerationRequest
 from edgespec.server.settings import RETRY_AFTER_SECONDS
 
 if TYPE_CHECKING:
