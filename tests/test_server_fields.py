@@ -5,9 +5,11 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from pydantic import ValidationError
 
-from edgespec.server.errors import ApiError
-from edgespec.server.prepare import generation_request, refuse_unsupported
+from edgespec.server.app import parse_json
+from edgespec.server.errors import ApiError, from_validation_error
+from edgespec.server.prepare import chat_messages, generation_request, refuse_unsupported
 from edgespec.server.schemas import ChatCompletionRequest, CompletionRequest
 
 # The request bodies as OpenAI's API reference defines them (chat completions; legacy completions).
@@ -103,3 +105,56 @@ def test_neutral_values_and_output_neutral_fields_are_accepted() -> None:
         )
     )  # fmt: skip
     refuse_unsupported(CompletionRequest.model_validate({"prompt": "x", "user": "u", "logit_bias": {}}))
+
+
+@pytest.mark.parametrize(
+    "fields, param",
+    [
+        ({"draft_len": "²"}, "draft_len"),  # a digit to str.isdigit, not to int()
+        ({"draft_len": "65"}, "draft_len"),
+    ],
+)
+def test_bad_drafting_fields_are_a_400(fields: dict, param: str) -> None:
+    with pytest.raises(ApiError) as err:
+        generation_request(loaded_server(), chat(**fields), (1, 2))
+    assert err.value.status == 400 and err.value.param == param
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"role": "assistant", "tool_calls": [{"function": 5}]},
+        {"role": "assistant", "tool_calls": [{"id": "c", "function": {"arguments": "{}"}}]},  # no name
+        {"role": "assistant", "tool_calls": ["f"]},
+    ],
+)
+def test_malformed_tool_calls_in_the_history_are_refused_by_the_schema(message: dict) -> None:
+    with pytest.raises(ValidationError) as err:
+        ChatCompletionRequest.model_validate({"messages": [message]})
+    assert from_validation_error(err.value).param.startswith("messages[0].tool_calls[0]")
+
+
+def test_tool_call_arguments_nested_too_deeply_to_parse_are_kept_as_written() -> None:
+    deep = "[" * 100_000
+    body = ChatCompletionRequest.model_validate(
+        {"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": deep}}]}]}
+    )
+    assert chat_messages(body)[0]["tool_calls"][0]["function"]["arguments"] == deep
+
+
+@pytest.mark.parametrize(
+    "raw", [b'{"prompt": "x", "temperature": NaN}', b'{"prompt": "x", "top_p": Infinity}', b'{"seed": -Infinity}',
+            b'{"prompt": "x", "temperature": 1e999}', b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"],
+)  # fmt: skip
+def test_what_json_has_no_value_for_is_not_json(raw: bytes) -> None:
+    with pytest.raises(ApiError) as err:
+        parse_json(raw)
+    assert err.value.status == 400 and err.value.code == "json_invalid"
+
+
+@pytest.mark.parametrize("penalty", [1e-300, 5e-324, 1e-7, 1e7])
+def test_a_repeat_penalty_that_would_overflow_a_logit_is_a_400(penalty: float) -> None:
+    # 5e-324 divides a logit of 10 into infinity: the sampler would take it for damaged weights (a 500)
+    with pytest.raises(ApiError) as err:
+        generation_request(loaded_server(), chat(repeat_penalty=penalty), (1, 2))
+    assert err.value.status == 400 and err.value.param == "repeat_penalty"

@@ -3,7 +3,9 @@
 One loaded :class:`~edgespec.api.Runtime`, owned by one generation worker thread (:mod:`.worker`); requests wait
 in FIFO order behind the running one. The asyncio event loop parses, validates and streams, and never waits on
 the model. Modules: :mod:`.settings` what the command line decides, :mod:`.schemas` the request bodies,
-:mod:`.prepare` a request turned into engine input, :mod:`.worker` the generation thread and its queue,
+:mod:`.text_fields` the check of every text a body holds (lone surrogates), :mod:`.openapi` the published
+schema at ``/openapi.json``, :mod:`.prepare` a request turned into engine input (:mod:`.request`, what the worker
+runs), :mod:`.worker` the generation thread and its queue,
 :mod:`.responses` OpenAI's response shapes (plus ``timings`` and ``speculation``), :mod:`.delivery` streaming
 and waiting with disconnect detection, :mod:`.extension` the chunks' ``edgespec`` field (each piece of text's
 origin, each round), :mod:`.errors` the error body, :mod:`.middleware` the API key and body cap, :mod:`.metrics`

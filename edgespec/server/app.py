@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Literal
@@ -17,6 +18,7 @@ from edgespec.server.delivery import result_unless_disconnected, stream_response
 from edgespec.server.errors import ApiError, from_validation_error, install_error_handlers
 from edgespec.server.metrics import CONTENT_TYPE, ServerMetrics
 from edgespec.server.middleware import ApiKeyMiddleware, BodyLimitMiddleware
+from edgespec.server.openapi import openapi_document
 from edgespec.server.page import install_page
 from edgespec.server.prepare import (
     chat_messages,
@@ -31,6 +33,7 @@ from edgespec.server.prepare import (
 from edgespec.server.responses import ResponseShape, speculation, timings
 from edgespec.server.schemas import ChatCompletionRequest, CompletionRequest
 from edgespec.server.settings import ServerSettings
+from edgespec.server.text_fields import check_text_fields
 from edgespec.server.worker import GenerationWorker, Loaded, Outcome
 
 if TYPE_CHECKING:
@@ -100,6 +103,11 @@ def create_app(load: Callable[[], Runtime], settings: ServerSettings | None = No
         }
 
     install_page(app, key_required=bool(settings.api_key))
+    document = openapi_document(key_required=bool(settings.api_key))
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi() -> dict:
+        return document
 
     @app.get("/health")
     async def health() -> dict:
@@ -173,15 +181,40 @@ def create_app(load: Callable[[], Runtime], settings: ServerSettings | None = No
 
 
 async def parse_body(request: Request, schema: type[BaseModel]):
-    """The JSON body validated against ``schema``, whatever Content-Type was sent (curl -d sends a form type)."""
-    raw = await request.body()
-    try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ApiError(400, f"the request body is not valid JSON: {exc}", code="json_invalid") from None
+    """The JSON body validated against ``schema``, whatever Content-Type was sent (curl -d sends a form type).
+
+    Before any field is read, every string in it is checked for lone surrogates (:mod:`.text_fields`)."""
+    data = parse_json(await request.body())
     if not isinstance(data, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_value")
+    check_text_fields(data)
     try:
         return schema.model_validate(data)
     except ValidationError as exc:
         raise from_validation_error(exc) from None
+
+
+def parse_json(raw: bytes) -> object:
+    """Strict JSON: ``NaN``, ``Infinity`` and numbers too large for a float (``1e999``) are refused, as JSON has
+    no such values; nesting too deep for the parser is a 400 too, not a RecursionError."""
+    try:
+        return json.loads(raw, parse_constant=_not_json, parse_float=_finite_float)
+    except (UnicodeDecodeError, json.JSONDecodeError, _NotJson) as exc:
+        raise ApiError(400, f"the request body is not valid JSON: {exc}", code="json_invalid") from None
+    except RecursionError:
+        raise ApiError(400, "the request body is nested too deeply", code="json_invalid") from None
+
+
+class _NotJson(ValueError):
+    pass
+
+
+def _not_json(name: str) -> float:
+    raise _NotJson(f"{name} is not a JSON value")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NotJson(f"the number {text[:40]} is out of range")
+    return value

@@ -110,8 +110,10 @@ def _field_path(loc: tuple) -> str:
             continue
         if isinstance(part, int):
             path += f"[{part}]"
-        elif isinstance(part, str) and (part in ("str", "int", "float", "bool", "list", "dict") or "[" in part):
-            continue  # "list[str]", "str": which branch of a union failed, not a field
+        elif isinstance(part, str) and (
+            part in ("str", "int", "float", "bool", "list", "dict") or "[" in part or part.startswith("constrained-")
+        ):
+            continue  # "list[str]", "str", "constrained-str": which branch of a union failed, not a field
         else:
             path += f".{part}" if path else str(part)
     return path

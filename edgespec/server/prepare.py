@@ -8,21 +8,20 @@ only reads the vocabulary, so it can run beside a decode).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from edgespec.constraint import Grammar
-from edgespec.engine import parse_draft_len
-from edgespec.errors import EdgespecError
+from edgespec.engine import MAX_DRAFT_LEN, parse_draft_len
+from edgespec.errors import EdgespecError, InvalidParameterError
 from edgespec.logprobs import MAX_TOP_LOGPROBS
 from edgespec.models.chat_template import ROLES
 from edgespec.sampling import SamplingParams
 from edgespec.server.errors import ApiError, bad_request
-from edgespec.server.schemas import ChatCompletionRequest, CompletionRequest, TextPart
+from edgespec.server.request import GenerationRequest, ToolUse
+from edgespec.server.schemas import MAX_CHOICES, MAX_REPEAT_PENALTY, ChatCompletionRequest, CompletionRequest, TextPart
 from edgespec.tools import (
-    Tool,
-    ToolFormat,
     call_grammar,
     markers_are_tokens,
     parse_tools,
@@ -37,39 +36,6 @@ if TYPE_CHECKING:
 ROLE_ALIASES = {"developer": "system"}  # OpenAI's newer name for the system role
 
 
-@dataclass(frozen=True)
-class GenerationRequest:
-    """One request as the worker runs it."""
-
-    prompt: tuple[int, ...]
-    params: SamplingParams
-    draft_len: int | str  # "auto" or a fixed γ (0 = plain decoding)
-    lookup: bool
-    n: int = 1  # choices: requests of the same prompt, each with its own seed
-    echo: str | None = None  # completions with echo: the prompt's text, which the response starts with
-    tools: ToolUse | None = None  # chat with tools: how to read calls out of the reply
-    cache_prompt: bool = True  # llama-server's field: false decodes the whole prompt, keeping none of the KV
-
-
-@dataclass(frozen=True)
-class ToolUse:
-    """A chat request's tools, and how its model writes calls to them."""
-
-    format: ToolFormat
-    tools: tuple[Tool, ...]
-    choice: str  # "auto", "required" or the name of the function that must be called
-    # parallel_tool_calls: a required call may be several. Off unless asked for, as in llama-server: unconstrained
-    # by a stop, a small model asked for "one or more" calls keeps calling until max_tokens.
-    several: bool = False
-
-    @property
-    def template_tools(self) -> list[dict]:
-        return [t.as_template_dict() for t in self.tools]
-
-
-MAX_CHOICES = 16  # n: more choices than this many sequences would mostly wait for each other
-
-
 def refuse_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None:
     """A 400 for each OpenAI feature edgespec does not have, rather than an answer that silently lacks it."""
 
@@ -81,9 +47,9 @@ def refuse_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None:
     if body.n is not None and body.n > 1 and body.stream:
         refuse("n", "n > 1 with stream (several choices are returned whole)")
     if isinstance(body, ChatCompletionRequest):
-        if body.functions or body.function_call not in (None, "none", "auto"):
+        if body.functions not in (None, []) or body.function_call not in (None, "none", "auto"):
             refuse(
-                "functions" if body.functions else "function_call",
+                "functions" if body.functions not in (None, []) else "function_call",
                 "the deprecated functions/function_call (send tools and tool_choice)",
             )
         if body.audio is not None:
@@ -241,13 +207,21 @@ def chat_messages(body: ChatCompletionRequest) -> list[dict]:
             text = "\n".join(parts)
         entry: dict = {"role": role, "content": text}
         if message.tool_calls:
-            entry["tool_calls"] = message.tool_calls
+            entry["tool_calls"] = [call.model_dump(exclude_unset=True) for call in message.tool_calls]
         if message.tool_call_id is not None:
             entry["tool_call_id"] = message.tool_call_id
         if message.name is not None:
             entry["name"] = message.name
         messages.append(entry)
-    return template_tool_calls(messages)
+    return template_tool_calls(messages, _call_arguments)
+
+
+def _call_arguments(text: str) -> object:
+    """A call's arguments as the template writes them; nesting too deep to parse is left as written."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
 
 
 def completion_prompt(body: CompletionRequest) -> str | list[int]:
@@ -296,7 +270,7 @@ def generation_request(
     """Sampling parameters and drafting for ``body`` (the server's defaults where it says nothing), with
     max_tokens fitted to the context."""
     try:
-        draft_len = parse_draft_len(body.draft_len) if body.draft_len is not None else loaded.draft_len
+        draft_len = _draft_len(body.draft_len) if body.draft_len is not None else loaded.draft_len
     except EdgespecError as exc:
         raise bad_request(str(exc), param="draft_len") from exc
     limit = loaded.runtime.engine.gamma_limit
@@ -330,6 +304,12 @@ def generation_request(
         )
         if getattr(body, name) is not None
     }  # fmt: skip
+    penalty = body.repeat_penalty
+    if penalty is not None and penalty > 0 and not 1 / MAX_REPEAT_PENALTY <= penalty <= MAX_REPEAT_PENALTY:
+        raise bad_request(
+            f"repeat_penalty must be in [{1 / MAX_REPEAT_PENALTY:g}, {MAX_REPEAT_PENALTY:g}] (1 = off), got {penalty}",
+            param="repeat_penalty",
+        )
     if body.logit_bias:
         fields["logit_bias"] = _logit_bias(body.logit_bias, loaded.runtime.engine.target.n_vocab)
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
@@ -356,6 +336,13 @@ def generation_request(
         echoed = source if isinstance(source, str) else loaded.runtime.engine.target.detokenize(prompt)
     cache_prompt = body.cache_prompt is not False
     return GenerationRequest(prompt, params, draft_len, lookup, body.n or 1, echoed, tools, cache_prompt)
+
+
+def _draft_len(value: int | str) -> int | str:
+    """:func:`parse_draft_len` on ASCII only: "²" is a digit to ``str.isdigit``, but not to ``int``."""
+    if isinstance(value, str) and not value.isascii():
+        raise InvalidParameterError(f"draft_len must be 'auto', 'off' or an integer 0..{MAX_DRAFT_LEN}, got {value!r}")
+    return parse_draft_len(value)
 
 
 def requested_logprobs(body: ChatCompletionRequest | CompletionRequest) -> int | None:
