@@ -403,7 +403,9 @@ def test_costs_are_measured_once_per_kind_of_readout_not_per_top_k() -> None:
 def test_auto_drafts_long_by_lookup_once_the_output_repeats_and_stays_exact() -> None:
     # The fake's greedy output falls into a 4-token loop after ~16 tokens. Lookup's proposals (checked against
     # every committed token, drafted or not) then keep coming true, and auto drafts many tokens per verify.
-    target = FakeModel(eos_bias=-9, n_ctx=512)
+    # Decodes that cost what a small model's do (a sleep), so that auto's own Python per round, which it prices,
+    # is the small part of a round it is on a real model, not the fake's whole cost.
+    target = FakeModel(eos_bias=-9, n_ctx=512, delay=0.002)
     engine = Engine(target, None, draft_len="auto", lookup=True)
     chunks, done = run(engine, params=SamplingParams(temperature=0, max_tokens=300))
     assert list(done.tokens) == plain_greedy(PROMPT, 300, target)
