@@ -20,9 +20,14 @@ def model_cache_dir() -> Path:
     return user_path("EDGESPEC_CACHE", "XDG_CACHE_HOME", ".cache", "edgespec", "models")
 
 
+def state_dir() -> Path:
+    """Where edgespec keeps what it measured or worked out about this machine's files (decode costs, vocabulary
+    fingerprints): ``$EDGESPEC_STATE`` when set, else the model cache. Apart from the models, so that a test run,
+    which reads the user's models, can keep its own (its costs are taken on a machine busy with tests)."""
+    explicit = os.environ.get("EDGESPEC_STATE")
+    return Path(explicit).expanduser() if explicit else model_cache_dir()
+
+
 def cost_cache_path() -> Path:
-    """The measured decode costs: ``$EDGESPEC_COST_CACHE`` (a file) when set, else ``.costs.json`` in the model
-    cache. Apart from the models so that a test run, which reads the user's models, can keep its figures (taken on
-    a busy machine) out of the user's file."""
-    explicit = os.environ.get("EDGESPEC_COST_CACHE")
-    return Path(explicit).expanduser() if explicit else model_cache_dir() / ".costs.json"
+    """The measured decode costs."""
+    return state_dir() / ".costs.json"

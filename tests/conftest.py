@@ -41,11 +41,11 @@ def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # The decode costs this run measures go to a file of its own, which its tests share (one calibration per
-    # setup for the whole run) and which dies with it: figures taken on a machine busy with tests are no costs
-    # for the user's next chat. Set in the environment, so the servers and CLIs the tests start inherit it.
-    costs = Path(tempfile.mkdtemp(prefix="edgespec-test-costs-")) / "costs.json"
-    os.environ["EDGESPEC_COST_CACHE"] = str(costs)
+    # What this run measures and works out (decode costs, vocabulary fingerprints) goes to a folder of its own,
+    # which its tests share (one calibration per setup for the whole run) and which dies with it: figures taken on
+    # a machine busy with tests are no costs for the user's next chat. Set in the environment, so the servers and
+    # CLIs the tests start inherit it.
+    os.environ["EDGESPEC_STATE"] = tempfile.mkdtemp(prefix="edgespec-test-state-")
     config.stash[_USER_CACHE] = (_user_cache(), _snapshot(_user_cache()))
 
 

@@ -179,11 +179,11 @@ def test_a_cached_curve_that_holds_is_not_measured_again(tmp_path: Path) -> None
 
 
 def test_tests_keep_their_costs_out_of_the_users_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # tests/conftest.py points EDGESPEC_COST_CACHE at a file of the run's own; the runtime writes there.
+    # tests/conftest.py points EDGESPEC_STATE at a folder of the run's own; the runtime keeps its costs there.
     from edgespec.paths import cost_cache_path, model_cache_dir
 
     assert not cost_cache_path().is_relative_to(model_cache_dir())
-    monkeypatch.setenv("EDGESPEC_COST_CACHE", str(tmp_path / "mine.json"))
-    assert cost_cache_path() == tmp_path / "mine.json"
-    monkeypatch.delenv("EDGESPEC_COST_CACHE")
+    monkeypatch.setenv("EDGESPEC_STATE", str(tmp_path))
+    assert cost_cache_path() == tmp_path / ".costs.json"
+    monkeypatch.delenv("EDGESPEC_STATE")
     assert cost_cache_path() == model_cache_dir() / ".costs.json"

@@ -26,7 +26,7 @@ DRAFT = "/m/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf|491400032|1700000000|threads
 def empty_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A model cache with nothing in it (no models, no costs)."""
     monkeypatch.setenv("EDGESPEC_CACHE", str(tmp_path))
-    monkeypatch.delenv("EDGESPEC_COST_CACHE", raising=False)  # the costs where a user's are: in the model cache
+    monkeypatch.delenv("EDGESPEC_STATE", raising=False)  # the costs where a user's are: in the model cache
     return tmp_path
 
 

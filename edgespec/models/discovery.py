@@ -35,7 +35,7 @@ from edgespec.models.catalog import load_registry
 from edgespec.models.gguf import GGUFInfo, preflight
 from edgespec.models.hub import hf_cache_dir, is_model_file, split_info
 from edgespec.models.vocab import fingerprint
-from edgespec.paths import model_cache_dir
+from edgespec.paths import state_dir
 
 __all__ = ["FoundModel", "ModelFacts", "ScanResult", "Skipped", "inspect", "scan", "scan_locations"]
 
@@ -376,7 +376,7 @@ class _FingerprintRecord:
     ~0.1 s, and a scan runs every time ``--draft auto`` does."""
 
     def __init__(self) -> None:
-        self.path = model_cache_dir() / ".fingerprints.json"
+        self.path = state_dir() / ".fingerprints.json"
         try:
             self.known: dict[str, str] = json.loads(self.path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
