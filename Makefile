@@ -60,10 +60,10 @@ check: setup
 	$(VENV)/bin/ruff check edgespec tui tests
 	$(VENV)/bin/pytest -q -m "not real and not browser"
 
-# The whole suite, as CI runs it.
+# The whole suite, as CI runs it; the slowest tests are listed at the end (what to make faster next).
 test: setup models browser
 	$(VENV)/bin/ruff check edgespec tui tests
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest --durations=25
 
 bench: setup models
 	$(ES) bench
