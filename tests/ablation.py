@@ -4,7 +4,8 @@ the H200's (``H200_PROFILE``). Prints auto's speed over plain decoding per class
 the replay's own spread: the range of the full controller's speed over noise seeds (the timings it is told carry a
 log-normal factor of sigma ``--noise``, as a machine's do). The draft model's mechanisms are also run on
 simulate()'s synthetic rounds (the only place a draft model pays), and the mechanisms that act on auto's own time
-in the GPU emulation of tests/gpu_regime.py (``--emulate``). See docs/ablation.md.
+in the GPU emulation of tests/gpu_regime.py (``--emulate``). See docs/benchmarks.md, "Auto's mechanisms, each
+removed in turn".
 
     .venv/bin/python tests/ablation.py                     # every mechanism, by replay and simulation (~1.5 min)
     .venv/bin/python tests/ablation.py --only coverage,substitutions
