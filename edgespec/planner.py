@@ -189,10 +189,7 @@ class Planner:
         # Both counted per sequence, as Load.batch_tokens counts them: n times the geometric mean.
         tokens = n * math.exp(sum(math.log(max(g.plan.expected, 1e-9)) for g in live if g.plan is not None) / n)
         seconds = sum(curve[b] for b in passes) + (0 if max(passes) == last else switch)
-        # The plans' own seconds (their Python, priced by each controller) are the step's either way: on both sides,
-        # or a loaded machine, whose Python runs slower, would make lockstep look the better for it.
-        python = sum(g.plan.draft_seconds for g in live if g.plan is not None)
-        as_planned = tokens / (seconds + python)
+        as_planned = tokens / (seconds + sum(g.plan.draft_seconds for g in live if g.plan is not None))
         bar = as_planned * (1.0 + controllers[0].min_gain)
 
         def lockstep_seconds(width: int) -> float:
@@ -201,7 +198,7 @@ class Planner:
             # step of all sequences is too dear a way to explore.
             b = n * width
             fitted = curve[b] if curve_cost.measured(b) is not None else curve[b] / (1.0 - curve_cost.optimism)
-            return fitted + (0 if b == last else 2 * switch) + python
+            return fitted + (0 if b == last else 2 * switch)
 
         # A bound first, from each proposal's first token alone (its chance S(1) bounds every later S(k), so a
         # draft of g is expected to commit at most 1 + g S(1)) and the narrowest lockstep's cost (the curve's

@@ -277,7 +277,7 @@ def test_replay_of_code_edits_gains_where_the_reply_copies_its_prompt():
     # after the coverage was designed, to check it (tests/data/validation-code-edits.toml; recorded with this
     # session's decode costs). Measured: corpus edits 53.3 % -> 59.8 % of the ceiling, summaries 50.2 % -> 48.9 %
     # (at this curve; across the ablation's curves and noise the summaries' change is within the replay's spread:
-    # docs/ablation.md), no-copy 0.999x both ways; the eight new edits 41.1 % -> 45.8 %.
+    # docs/benchmarks.md), no-copy 0.999x both ways; the eight new edits 41.1 % -> 45.8 %.
     def shares(name: str, forecast: ForecastConfig = DEFAULT_FORECAST) -> dict[str, tuple[float, float]]:
         steps, by_task = _recorded_qwen_generations(name)
         return {task: (s, (s - 1) / (c - 1)) for task, (s, c) in _replayed_by_task(steps, by_task, forecast).items()}

@@ -14,7 +14,7 @@ controller serves all requests of an engine.
 When one option wins, the others are no longer observed, so their estimates would freeze at whatever made
 them lose. An idle drafter's acceptance evidence fades instead (``idle_decay`` per round), drifting back to the
 prior, so a draft model that lost on one stretch of text is tried again where the prior says it may pay. (Probes
-paid for by exploration credit did that as well; beside the fading they changed nothing: docs/ablation.md.)
+paid for by exploration credit did that as well; beside the fading they changed nothing: docs/benchmarks.md.)
 
 Prompt lookup is different on both counts: it costs nothing to ask and is deterministic, so its proposal is
 checked against the committed tokens every round, drafted or not (:mod:`edgespec.drafters.lookup_forecast`). It needs no
@@ -57,7 +57,7 @@ LOOKUP = "lookup"  # the drafter whose proposal is given to plan() (it is comput
 
 @dataclass(frozen=True)
 class ControllerConfig:
-    """The controller's tuned numbers (what each earns, measured by replay: docs/ablation.md)."""
+    """The controller's tuned numbers (what each earns, measured by replay: docs/benchmarks.md)."""
 
     alpha_prior: float = 0.6  # a draft model's per-token acceptance before evidence, and what idle evidence fades to
     prior_weight: float = 2.0  # the drafted positions that prior counts for

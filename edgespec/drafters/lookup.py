@@ -40,7 +40,7 @@ AGREEMENT_CAP = 64  # how far back last_agreement compares: a longer agreement s
 
 @dataclass(frozen=True)
 class LookupConfig:
-    """The drafter's tuned numbers (see the module docstring and docs/ablation.md for what each earns)."""
+    """The drafter's tuned numbers (see the module docstring and docs/benchmarks.md for what each earns)."""
 
     # The n-gram lengths matched (llama.cpp's n-gram cache uses 1..4): a single repeated token (a bracket, a space)
     # predicts its successor poorly, and a rejected draft still widens the verify (on a CPU ~half a decode a token).

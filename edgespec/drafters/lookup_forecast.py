@@ -31,7 +31,7 @@ cautious (on a CPU a wrong long draft costs several decode steps for one token).
 
 (Each bucket learns from its own evidence alone. Lifting a bucket's hazards to those of the lower buckets, from
 agreement 2 up, took code edits from 48 % to 54 % of the lookup ceiling before the coverage below existed; beside
-it, removing the lift moved no class by more than the replay's spread: docs/ablation.md.)
+it, removing the lift moved no class by more than the replay's spread: docs/benchmarks.md.)
 
 A reply that is copying its prompt says so before the agreement does. An edit breaks the copy at every changed
 token, and where the copy resumes, the text just before the match differs from the source (the edit is there), so
@@ -44,7 +44,7 @@ there for 1.4; in answers that copy little the coverage rarely reached 0.5. So w
 ``copying_coverage``, a proposal from the prompt counts as anchored by at least ``copy_agreement`` tokens
 (and shares that bucket's evidence). (Waiting for a token to be written after a proposal missed before counting one
 as a copy, for the case where the reply has just left the copy at an inserted line, moved no class beyond the
-replay's spread: docs/ablation.md.) Replayed at ten decode cost curves (eight measured on 2-core dev CPUs,
+replay's spread: docs/benchmarks.md.) Replayed at ten decode cost curves (eight measured on 2-core dev CPUs,
 the H200's, the CPU profile), auto's share of the lookup ceiling went, averaged over the curves, from 50 % to 52 %
 on the bench's code edits (higher at eight curves, lower at one), from 47 % to 58 % on the untuned ones (higher at
 nine), from 48 % to 53 % on eight code edits written afterwards to check it (higher at nine;
@@ -65,7 +65,7 @@ from edgespec.drafters.lookup import AGREEMENT_CAP
 @dataclass(frozen=True)
 class ForecastConfig:
     """The forecast's tuned numbers (chosen by replaying recorded generations: see the module docstring and
-    docs/ablation.md)."""
+    docs/benchmarks.md)."""
 
     decay: float = 0.98  # evidence kept per committed token: the hazards describe the last ~50 tokens of text
     prior_weight: float = 2.0  # observations the rule-of-succession prior counts for
