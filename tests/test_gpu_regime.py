@@ -69,10 +69,11 @@ def test_at_a_gpus_costs_requests_that_copy_draft_in_lockstep_and_keep_their_ans
 
 
 def test_where_every_row_costs_more_than_a_step_requests_do_not_draft_in_lockstep(monkeypatch):
-    """The same requests where each row of a decode costs 1.2 steps: n sequences of w rows then cost more than w
+    """The same requests where each row of a decode costs 2 steps: n sequences of w rows then cost more than w
     plain steps, which commit w tokens each, and a draft of w - 1 commits at most w: no lockstep step. (At a CPU's
     0.9 of a step a row, a lockstep of near-certain copies can pay by the costs as measured: a CI run took one, of
-    two rows each.)"""
+    two rows each. At 1.2 steps a row the margin, ~8 %, was within what live timings of sleeps move on a busy
+    machine, and a 2x2 lockstep was taken now and then.)"""
     taken = _lockstep_rounds(monkeypatch)
-    _two_code_edits(CostProfile(t_token=0.004, verify_mult={2: 2.2, 64: 76.6}, draft={}), 48)
+    _two_code_edits(CostProfile(t_token=0.004, verify_mult={2: 3.0, 64: 127.0}, draft={}), 48)
     assert not taken
