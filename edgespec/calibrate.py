@@ -304,6 +304,8 @@ class Calibration:
         """A step's verify of ``live``'s rows took ``seconds``: set a decode of one pass against the cached costs it
         was planned with; when the first few disagree beyond noise, measure every cost again on a request of this
         step and replace what the lanes hold."""
+        if not self._checks:  # nothing read from the cache awaits its check: every step after the first few
+            return
         kinds = {g.readout.kind for g in live}
         check = self._checks.get(next(iter(kinds))) if len(kinds) == 1 else None
         if check is None:
