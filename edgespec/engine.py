@@ -21,14 +21,11 @@ from typing import NamedTuple
 from edgespec.calibrate import Calibration, CostCache
 from edgespec.constraint import Constraint
 from edgespec.drafters.base import Drafter
-from edgespec.drafters.controller import (
-    Controller,
-    FixedController,
-    RoundController,
-    VerifyCost,
-)
+from edgespec.drafters.controller import Controller
+from edgespec.drafters.estimates import VerifyCost
 from edgespec.drafters.lookup import LookupDrafter
 from edgespec.drafters.model import ModelDrafter, draft_together
+from edgespec.drafters.plan import FixedController, RoundController
 from edgespec.errors import ContextOverflowError, EdgespecError, InvalidParameterError
 from edgespec.events import Event, Finished, Stats
 from edgespec.generation import Generation, Lane, Request

@@ -21,8 +21,8 @@ import numpy as np
 
 from edgespec.constraint import Constraint, Mask
 from edgespec.drafters.base import FORCED, Draft, Drafter
-from edgespec.drafters.controller import Load, Plan, RoundController
 from edgespec.drafters.model import Drafting, ModelDrafter
+from edgespec.drafters.plan import Load, Plan, RoundController
 from edgespec.events import Chunk, Event, Finished, FinishReason, Span, Stats, TokenLogprob
 from edgespec.logprobs import row_logprob, token_logprob
 from edgespec.models.slot import KVSlot, Part, common_prefix

@@ -1,7 +1,7 @@
 """The batch plan: for one step, every request's drafter and γ, in one place.
 
 The requests are planned one after another, each against what those before it put into the decode (a
-:class:`~edgespec.drafters.controller.Load`), counting the ones after it as the one row each costs at least: a
+:class:`~edgespec.drafters.plan.Load`), counting the ones after it as the one row each costs at least: a
 controller maximises the *batch's* tokens per second, so speculation backs off as the batch fills where a wide
 decode is dear. A constraint's forced tokens join a plan where their rows pay; lockstep (every request drafting
 as far as the others) replaces the plans where equal rows in one pass beat them. The engine executes the plan; no
@@ -15,7 +15,9 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from edgespec.drafters.base import FORCED, Draft
-from edgespec.drafters.controller import LOOKUP, NO_LOAD, Controller, Load, Plan, VerifyCost
+from edgespec.drafters.controller import Controller
+from edgespec.drafters.estimates import VerifyCost
+from edgespec.drafters.plan import LOOKUP, NO_LOAD, Load, Plan
 
 if TYPE_CHECKING:
     from edgespec.generation import Generation, Proposal

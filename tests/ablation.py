@@ -217,7 +217,7 @@ def controller_time(task_traces: list[dict], lanes: int, removed: str) -> float:
     """CPU µs a round of the controller's plan and observe, replaying ``task_traces`` at the H200's curve beside
     ``lanes - 1`` other plain rows (as a lane of the engine plans them), every round plain (what a request that
     drafts nothing pays), with the mechanism ``removed`` (a key of :data:`EMULATED`)."""
-    from edgespec.drafters.controller import NO_LOAD, Load
+    from edgespec.drafters.plan import NO_LOAD, Load
     from edgespec.models.microbatch import decode_passes
 
     saved = {attr: getattr(Controller, attr) for attr in EMULATED[removed]}

@@ -19,7 +19,9 @@ from test_engine import ENGINE_PATHS, ENGINE_PROMPT, MARGIN, exact_output_joint,
 from edgespec import engine as engine_module
 from edgespec import prefill as prefill_module
 from edgespec.api import Runtime
-from edgespec.drafters.controller import NO_LOAD, Controller, Load, Plan, VerifyCost
+from edgespec.drafters.controller import Controller
+from edgespec.drafters.estimates import VerifyCost
+from edgespec.drafters.plan import NO_LOAD, Load, Plan
 from edgespec.engine import Engine
 from edgespec.errors import EdgespecError, InvalidParameterError
 from edgespec.events import Chunk, Finished

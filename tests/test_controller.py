@@ -7,16 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from edgespec.drafters.controller import (
-    LOOKUP,
-    Acceptance,
-    Controller,
-    FixedController,
-    Load,
-    Plan,
-    VerifyCost,
-    expected_tokens,
-)
+from edgespec.drafters.controller import Controller
 from edgespec.drafters.controller_sim import (
     CPU_PROFILE,
     GPU_PROFILE,
@@ -27,6 +18,8 @@ from edgespec.drafters.controller_sim import (
     expected_rate,
     simulate,
 )
+from edgespec.drafters.estimates import Acceptance, VerifyCost, expected_tokens
+from edgespec.drafters.plan import LOOKUP, FixedController, Load, Plan
 
 # The CPU figures of DESIGN.md, with a little timing noise as a real clock has.
 CPU = replace(CPU_PROFILE, noise=0.05)
@@ -380,7 +373,7 @@ def test_stopping_early_weighs_every_draft_length_alike():
     """A plan stops weighing longer drafts once even their most tokens could not beat the best so far. On random
     machines (curves that need not grow with width), loads (one pass or llama.cpp's several) and evidence, the
     option it picks is the one weighing every γ picks; a bound that was not one would show up here."""
-    from edgespec.drafters.controller import _DecodeSeconds
+    from edgespec.drafters.plan import DecodeSeconds
 
     rng = np.random.default_rng(7)
     for _ in range(300):
@@ -408,7 +401,7 @@ def test_stopping_early_weighs_every_draft_length_alike():
         table = ctl._verify.curve(load.rows + 17)
         for drafter, alpha, cap in (("model", None, 16), ("model", 0.95, 16), ("lookup", None, proposal)):
             kw = dict(alpha=alpha, load=load, remaining=int(rng.integers(1, 200)))
-            pruned = ctl._option(drafter, range(1, cap + 1), table, decode=_DecodeSeconds(load, table), **kw)
+            pruned = ctl._option(drafter, range(1, cap + 1), table, decode=DecodeSeconds(load, table), **kw)
             every = ctl._option(drafter, range(1, cap + 1), table, prune=False, **kw)
             assert pruned == every
 
@@ -543,7 +536,6 @@ def test_a_draft_between_plain_rounds_pays_for_leaving_and_coming_back():
 def test_the_cached_curve_of_decode_costs_is_what_working_it_out_again_gives():
     """Rounds refine one width at a time: a curve of measured widths is updated in place, one with widths read off
     the fit is worked out again. Either way the plan reads what a fresh computation would give."""
-    from edgespec.drafters.controller import VerifyCost
 
     rng = np.random.default_rng(3)
     cost = VerifyCost(0.9, 0.5, 0.1)

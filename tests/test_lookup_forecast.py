@@ -8,9 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgespec.drafters.controller import Controller, ControllerConfig, FixedController
+from edgespec.drafters.controller import Controller, ControllerConfig
 from edgespec.drafters.controller_sim import H200_PROFILE, lookup_ceiling, replay
 from edgespec.drafters.lookup_forecast import DEFAULT_FORECAST, ForecastConfig, LookupForecast, agreement_bucket
+from edgespec.drafters.plan import FixedController
 
 # Decode cost of b tokens in single steps on the 2-core dev CPU (`edgespec bench --costs`, b = 1..17): not
 # smooth, a 16-token decode is cheaper than a 15-token one.

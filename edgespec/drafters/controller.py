@@ -1,41 +1,34 @@
 """Before every round, choose the drafter and the draft length γ that maximise expected tokens per second.
 
-The model of one round that drafts γ tokens with drafter ``d``:
-
-* every drafted position is accepted independently with probability α_d until the first rejection, so the
-  round commits ``E[tokens] = (1 - α^(γ+1)) / (1 - α)`` tokens (the accepted drafts plus the target's own);
-* it costs ``γ · c_d`` of drafting plus one target decode of ``b = γ + 1`` tokens, ``c_v(b)``.
-
-Plain decoding is the round with γ = 0: one token for ``c_v(1)``. All of α_d, c_d and the curve c_v(b) are
-measured online with exponentially decayed averages, so the choice follows the text (code vs prose) and the
-machine (on a CPU a 4-token verify costs ~2 single steps, on a GPU ~1). Estimates are never reset: one
-controller serves all requests of an engine.
+:class:`Controller` weighs every drafter and γ by the round model and the online estimates of
+:mod:`edgespec.drafters.estimates` against what the other sequences put into the same decode
+(:class:`~edgespec.drafters.plan.Load`), and returns a :class:`~edgespec.drafters.plan.Plan`. Estimates are never
+reset: a lane's controller serves all of its requests, and an engine's lanes share one decode curve.
 
 When one option wins, the others are no longer observed, so their estimates would freeze at whatever made
 them lose. An idle drafter's acceptance evidence fades instead (``idle_decay`` per round), drifting back to the
 prior, so a draft model that lost on one stretch of text is tried again where the prior says it may pay. (Probes
 paid for by exploration credit did that as well; beside the fading they changed nothing: docs/benchmarks.md.)
 
-Prompt lookup is different on both counts: it costs nothing to ask and is deterministic, so its proposal is
-checked against the committed tokens every round, drafted or not (:mod:`edgespec.drafters.lookup_forecast`). It needs no
-exploration, and its estimate is not one α but the probability that the first k proposed tokens are all accepted,
-by how firmly the proposal is anchored (how far the text before its match agrees). On a CPU, where
-a verify of b tokens costs ~b single steps, a long draft pays only where acceptance is near 1, and this is what
-tells those rounds apart.
+Prompt lookup needs no exploration: it costs nothing to ask and is deterministic, so its proposal is checked
+against the committed tokens every round, drafted or not, and its estimate is not one α but the chance that the first
+k proposed tokens are all accepted, by how firmly the proposal is anchored (:mod:`edgespec.drafters.lookup_forecast`).
+On a CPU, where a verify of b tokens costs ~b single steps, a long draft pays only where acceptance is near 1, and
+this is what tells those rounds apart.
 
 A decode whose width differs from the last one's pays for a new compute graph (llama.cpp reuses a graph only for a
 batch of the same shape): ``switch`` seconds, measured by the engine's calibration. A round that leaves plain
 decoding pays it twice, going and coming back, and is charged both at once; staying at its width or returning costs
-nothing more (see :meth:`Controller._width_change`). On the dev CPU a change costs 2 % of a step; where a step takes
-2 ms, a sparse draft can cost more in changes than it saves.
+nothing more (see :meth:`Controller._width_change`). Where a step takes a couple of milliseconds, as on a GPU, a
+sparse draft can cost more in changes than it saves (docs/benchmarks.md, "Costs of single features").
 
 A drafter that sat out pays a catch-up on return (a draft model decodes the tokens it missed). That cost is
 measured apart from the per-token cost. Up to ``catchup_allowance`` of a plain step per missed token is
 accepted as the price of keeping a drafter in the game; any excess is charged to the round that brings it
 back, so a drafter whose catch-up costs more than it could win back (the draft model on a CPU) stays out.
 
-The controller's own Python is a cost of every round too: planning and bookkeeping take ~0.1-0.5 ms, nothing
-beside a CPU's 20-70 ms step but a fifth of a GPU's ~2 ms one. It is timed (:meth:`Controller.plan` and
+The controller's own Python is a cost of every round too: nothing beside a CPU's step, a sizeable share of a GPU's
+(docs/benchmarks.md, "auto's own loop beside a GPU's step"). It is timed (:meth:`Controller.plan` and
 :meth:`Controller.observe`, by the rows a round drafted) and charged to the plans like the decode.
 """
 
@@ -43,16 +36,14 @@ from __future__ import annotations
 
 import math
 import time
-from bisect import insort
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from itertools import accumulate
-from typing import Protocol
 
+from edgespec.drafters.estimates import Acceptance, DecayedRatio, VerifyCost, expected_tokens
 from edgespec.drafters.lookup_forecast import DEFAULT_FORECAST, ForecastConfig, LookupForecast
-
-LOOKUP = "lookup"  # the drafter whose proposal is given to plan() (it is computed first, every round)
+from edgespec.drafters.plan import LOOKUP, NO_LOAD, DecodeSeconds, Load, Plan
 
 
 @dataclass(frozen=True)
@@ -81,336 +72,6 @@ class ControllerConfig:
 DEFAULT_CONTROLLER = ControllerConfig()
 
 
-@dataclass(frozen=True)
-class Plan:
-    drafter: str | None  # "model", "lookup", or None (= plain decoding, γ=0)
-    gamma: int  # tokens to draft/verify (0 iff drafter is None)
-    reason: str = ""  # short human text: the estimates behind the choice
-    expected: float = 1.0  # the tokens the round is expected to commit (what the next sequence's Load counts)
-    draft_seconds: float = 0.0  # what its drafting is expected to cost (likewise)
-
-    def __post_init__(self) -> None:
-        if self.gamma < 0 or (self.drafter is None) != (self.gamma == 0):
-            raise ValueError(f"a plan drafts (drafter set, gamma > 0) or not (None, 0); got {self!r}")
-
-
-@dataclass(frozen=True)
-class Load:
-    """What the other sequences put into the same target decode, as planned so far this step: their rows, the
-    tokens they are expected to commit, and the seconds their drafting is expected to add; ``room``: the rows this
-    sequence may add (the decode's row budget less theirs). A lone sequence plans against :data:`NO_LOAD`."""
-
-    rows: int = 0
-    tokens: float = 0.0
-    seconds: float = 0.0
-    room: int = 1 << 30
-    # The rows of each forward pass the decode will run if this sequence puts ``n`` rows into it; None: one pass.
-    # (llama.cpp splits a decode of several sequences into passes that cost about a decode each: a draft beside
-    # others' single rows is a pass of its own. See edgespec.models.microbatch.)
-    passes: Callable[[int], Sequence[int]] | None = None
-    # The others as sequences: how many share the decode (a prompt chunk's every row counted as one, as its
-    # tokens are), and the sum of the logs of what each is expected to commit (0 for a plain row or a prompt row).
-    # Given, the batch's tokens are counted as their geometric mean (see batch_tokens); None: summed.
-    sequences: int | None = None
-    log_tokens: float = 0.0
-
-    def batch_tokens(self, own: float) -> float:
-        """The tokens the decode counts for, if this sequence is expected to commit ``own`` of them.
-
-        With the others given as sequences: as many times the sequences' geometric mean, which is their sum while
-        they all commit alike, and less when one gets ahead at the others' cost. A draft beside plain rows adds a
-        forward pass that every sequence in the decode waits for (see ``passes``): counted by the sum, a 10-token
-        draft that took 526 ms where four plain rows took 135 looked worth it to the batch while it slowed the
-        three others to a quarter, and the last requests of a run then finished last, in a half-empty batch
-        (measured: auto at 0.82-0.89x of plain at 4 clients on translation). Counted so, drafting under load is
-        chosen when it lifts the batch as a whole, as it does when the lanes' drafts share a pass (on a GPU, when
-        the pass costs little). A lone sequence: its own tokens either way."""
-        if self.sequences is None or self.sequences == 0:
-            return own + self.tokens
-        n = self.sequences + 1
-        return n * math.exp((self.log_tokens + math.log(max(own, 1e-9))) / n)
-
-    def decode_seconds(self, curve: Sequence[float], n: int) -> float:
-        """What the decode costs, read off ``curve`` (one pass of b rows), if this sequence puts ``n`` rows in."""
-        if self.passes is None:
-            return curve[self.rows + n]
-        return sum(curve[b] for b in self.passes(n))
-
-
-NO_LOAD = Load()
-
-
-class _DecodeSeconds:
-    """What one plan reads off the curve: the decode's cost by the rows this sequence puts in, each width worked out
-    once (a plan weighs a width for each drafter), and ``floor``,
-    which no width costs less than: the curve's cheapest entry the decode can land on (a decode is one pass or more,
-    each of at least one row)."""
-
-    def __init__(self, load: Load, curve: Sequence[float]) -> None:
-        self._load, self._curve = load, curve
-        self._known: dict[int, float] = {}
-        self.floor = min(curve[load.rows + 1 :] if load.passes is None else curve[1:])
-
-    def __call__(self, n: int) -> float:
-        seconds = self._known.get(n)
-        if seconds is None:
-            seconds = self._known[n] = self._load.decode_seconds(self._curve, n)
-        return seconds
-
-
-class RoundController(Protocol):
-    """What the engine needs from :class:`Controller` and :class:`FixedController`."""
-
-    max_gamma: int
-
-    def plan(
-        self,
-        lookup: Sequence[int] = (),
-        load: Load = NO_LOAD,
-        remaining: int | None = None,
-        agreement: int = 0,
-        from_prompt: bool = False,
-    ) -> Plan: ...
-
-    def observe(
-        self,
-        plan: Plan,
-        *,
-        n_drafted: int,
-        n_accepted: int,
-        t_draft: float,
-        t_verify: float,
-        committed: Sequence[int] = (),
-        record_verify: bool = True,
-    ) -> None: ...
-
-    @property
-    def plain_tokens_per_second(self) -> float: ...
-
-    def start_request(self, behind: Mapping[str, int] | None = None) -> None: ...
-
-    def certain_len(self, n: int, load: Load = NO_LOAD) -> int: ...
-
-    def record_costs(
-        self,
-        verify: dict[int, float],
-        draft: dict[str, float],
-        catchup: dict[str, float] | None = None,
-        switch: float | None = None,
-    ) -> None: ...
-
-
-def expected_tokens(alpha: float, gamma: int) -> float:
-    """E[tokens committed] by a round drafting γ tokens at per-position acceptance α (γ=0: exactly 1)."""
-    if alpha >= 1.0:
-        return gamma + 1.0
-    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
-
-
-# ----- estimators -------------------------------------------------------------------------------------------
-class DecayedRatio:
-    """Σ amounts / Σ counts with both sums decayed per update: a mean that forgets old samples geometrically.
-
-    As a ratio of sums it weighs samples by their count (a round of 6 drafted tokens says more about the
-    per-token cost than a round of 1) and tolerates zero-count samples (time spent for nothing).
-    """
-
-    def __init__(self, decay: float) -> None:
-        self.decay = decay
-        self._amount = 0.0
-        self._count = 0.0
-
-    def add(self, amount: float, count: float = 1.0) -> None:
-        self._amount = self._amount * self.decay + amount
-        self._count = self._count * self.decay + count
-
-    @property
-    def value(self) -> float | None:
-        return self._amount / self._count if self._count > 1e-9 else None
-
-
-class Acceptance:
-    """Per-position acceptance probability α: decayed successes / trials, plus a weak prior.
-
-    A round that drafted n and accepted k observed k successes and, if k < n, one failure; positions after the
-    first rejection were never tested. The decay is per observed position, so a long draft and a short one
-    age the estimate by what they showed.
-    """
-
-    def __init__(self, prior: float, prior_weight: float, decay: float) -> None:
-        self.prior = prior
-        self.prior_weight = prior_weight
-        self.decay = decay
-        self._accepted = 0.0
-        self._rejected = 0.0
-
-    def forget(self, factor: float) -> None:
-        """Age the evidence without new observations (so it drifts back toward the prior)."""
-        self._accepted *= factor
-        self._rejected *= factor
-
-    def update(self, n_drafted: int, n_accepted: int) -> None:
-        rejected = 1 if n_accepted < n_drafted else 0
-        age = self.decay ** (n_accepted + rejected)
-        self._accepted = self._accepted * age + n_accepted
-        self._rejected = self._rejected * age + rejected
-
-    @property
-    def alpha(self) -> float:
-        total = self._accepted + self._rejected + self.prior_weight
-        return (self._accepted + self.prior * self.prior_weight) / total
-
-
-class VerifyCost:
-    """The target's cost of one decode of b tokens, c_v(b), from decayed per-b means.
-
-    An unseen b is read off the seen ones: interpolated between neighbours, extrapolated beyond the widest
-    with the least-squares slope (clamped >= 0), or, with only one width seen, from ``slope_prior``
-    (c_v(b) = c_v(1)·(1 + slope_prior·(b-1)), about what a CPU shows). Unseen widths are then made
-    ``optimism`` cheaper so that each gets tried once instead of being ruled out by a fit it might beat (a
-    CPU's 4-token decode is cheaper than its 3-token one).
-    """
-
-    def __init__(self, decay: float, slope_prior: float, optimism: float) -> None:
-        self.decay = decay
-        self.slope_prior = slope_prior
-        self.optimism = optimism
-        self._by_b: dict[int, DecayedRatio] = {}
-        # What the curve is worked out from, kept up to date by add: each width's estimate, and the widths in order.
-        self._values: dict[int, float] = {}
-        self._widths: list[int] = []
-        self._sums = [0.0, 0.0, 0.0, 0.0]  # of b, c, b*b and b*c over the measured widths: the fit's slope in O(1)
-        # Cached. A round's add changes one measured width: where every width of the cached curve is measured, that
-        # entry is updated in place; otherwise (widths read off the fit) the curve is worked out again.
-        self._curve: list[float] | None = None
-        self._curve_all_measured = False
-        self.switch = 0.0  # extra seconds of a decode whose width differs from the previous one's (a new graph)
-        self._last_b: int | None = None  # the width of the last decode added
-
-    def forget(self) -> None:
-        """Drop every width's measurements (and the curve worked out from them): a calibration replaces them."""
-        self._by_b.clear()
-        self._values.clear()
-        self._widths.clear()
-        self._sums = [0.0, 0.0, 0.0, 0.0]
-        self._curve = None
-        self._curve_all_measured = False
-        self._last_b = None
-
-    def add(self, b: int, seconds: float, *, calibrated: bool = False) -> None:
-        """A decode of ``b`` rows took ``seconds``: a round's, right after the last one added, or (``calibrated``) one
-        of a calibration's repeated decodes of one width, which reused their graph."""
-        if not calibrated:
-            if b != self._last_b and self._last_b is not None:
-                # The curve is of decodes that reuse the last graph; a change of width is priced apart (``switch``),
-                # so it comes off here, or plans would count it twice.
-                seconds = max(seconds - self.switch, 0.0)
-            self._last_b = b
-        est = self._by_b.setdefault(b, DecayedRatio(self.decay))
-        est.add(seconds)
-        value = est.value
-        assert value is not None  # a sample was just added
-        before = self._values.get(b)
-        if before is None:
-            insort(self._widths, b)
-            before = 0.0
-            self._sums[0] += b
-            self._sums[2] += b * b
-        self._values[b] = value
-        self._sums[1] += value - before
-        self._sums[3] += b * (value - before)
-        curve = self._curve
-        if curve is not None and self._curve_all_measured and b < len(curve):
-            # What working it out again would give (a new list: a plan may still hold the last one).
-            self._curve = curve = curve.copy()
-            curve[b] = value
-        else:
-            self._curve = None
-
-    def add_decode(self, passes: Sequence[int], seconds: float) -> None:
-        """A decode that llama.cpp ran as these forward passes (their widths) took ``seconds``: a sample of its
-        widest pass, the time less what the other passes are estimated to cost.
-
-        Plans price a decode as the sum of its passes, and choose the width that looks cheapest: left unsampled,
-        a width that calibration read low stays the favourite for good. Under load a sequence's draft runs as a
-        pass beside the others' single rows, so without this its width would only be measured alone (seen: a
-        14-row pass calibrated at 309 ms took 380-440 beside three lanes' rows, and lookup drafts of 14 kept
-        being chosen, at a loss)."""
-        if len(passes) == 1:
-            self.add(passes[0], seconds)
-            return
-        widest = max(range(len(passes)), key=passes.__getitem__)
-        others = [self.measured(b) for i, b in enumerate(passes) if i != widest]
-        if any(c is None for c in others):
-            return  # nothing to subtract yet
-        rest = seconds - sum(c for c in others if c is not None)
-        if rest > 0:
-            self.add(passes[widest], rest)
-
-    @property
-    def last_width(self) -> int | None:
-        """The width of the last decode added (the graph llama.cpp holds now), None before any."""
-        return self._last_b
-
-    def measured(self, b: int) -> float | None:
-        return self._values.get(b)
-
-    def curve(self, max_b: int) -> list[float] | None:
-        """``[_, c_v(1), .., c_v(max_b)]`` (index 0 unused), or None before any measurement."""
-        if self._curve is not None and len(self._curve) > max_b:
-            return self._curve
-        known, widths = self._values, self._widths
-        if not widths:
-            return None
-        # Widths are positive and distinct, so 1..max_b are all measured when the max_b-th least is max_b.
-        self._curve_all_measured = max_b < 1 or (len(widths) >= max_b and widths[max_b - 1] == max_b)
-        if self._curve_all_measured:  # calibrated: every width measured (each round lands here)
-            curve = [0.0, *(known[b] for b in range(1, max_b + 1))]
-        else:
-            # Worked out again after every decode under load (plans read widths past the calibrated ones), so in
-            # one walk over the measured widths: bisecting for each width cost ~1 us a width, ~70 us for the 68
-            # widths a lockstep of 4 reads, beside a GPU's step of ~3 ms.
-            slope = self._slope()
-            keep = 1.0 - self.optimism
-            curve = [0.0]
-            i = 0  # widths[i]: the least measured width >= b
-            if widths[-1] == len(widths):  # calibrated: 1..m measured, max_b past them (the walk ends at once)
-                curve.extend(known[b] for b in widths)
-                i = len(widths)
-            for b in range(i + 1, max_b + 1):
-                while i < len(widths) and widths[i] < b:
-                    i += 1
-                if i == len(widths):  # past the widest measured: the rest in one go
-                    lo_b = widths[-1]
-                    lo_c = known[lo_b]
-                    curve.extend((lo_c + slope * (w - lo_b)) * keep for w in range(b, max_b + 1))
-                    break
-                hi_b = widths[i]
-                hi_c = known[hi_b]
-                if hi_b == b:
-                    curve.append(hi_c)
-                elif i > 0:
-                    lo_b = widths[i - 1]
-                    lo_c = known[lo_b]
-                    curve.append((lo_c + (hi_c - lo_c) * (b - lo_b) / (hi_b - lo_b)) * keep)
-                else:
-                    curve.append(max(hi_c - slope * (hi_b - b), 0.25 * hi_c) * keep)
-        self._curve = curve
-        return curve
-
-    def _slope(self) -> float:
-        """The least-squares slope of the measured widths' costs (clamped >= 0), from the sums add keeps; with one
-        width measured, the prior's."""
-        n = len(self._widths)
-        if n == 1:
-            b0 = self._widths[0]
-            return self.slope_prior * self._values[b0] / (1.0 + self.slope_prior * (b0 - 1))
-        sum_b, sum_c, sum_bb, sum_bc = self._sums
-        var = sum_bb - sum_b * sum_b / n
-        return max((sum_bc - sum_b * sum_c / n) / var, 0.0)
-
-
-# ----- the controllers --------------------------------------------------------------------------------------
 @dataclass
 class _DrafterState:
     """What the controller tracks of a drafter other than lookup (which has its LookupForecast)."""
@@ -668,7 +329,7 @@ class Controller:
         if curve is None or self._verify.measured(1) is None:
             return Plan(None, 0, "measuring the plain decode cost")
         caps = {d: max(min(self._cap(d, len(lookup)), load.room - 1), 0) for d in self.drafters}
-        decode = _DecodeSeconds(load, curve)
+        decode = DecodeSeconds(load, curve)
         seconds = decode(1) + load.seconds + self.loop_seconds(0)
         tokens = load.batch_tokens(1.0)
         plain = _Option(None, 0, tokens / seconds, tokens, seconds, 1.0)
@@ -775,7 +436,7 @@ class Controller:
         alpha: float | None = None,
         load: Load = NO_LOAD,
         remaining: int | None = None,
-        decode: _DecodeSeconds | None = None,
+        decode: DecodeSeconds | None = None,
         prune: bool = True,
     ) -> _Option | None:
         """The fastest of drafting γ in ``gammas`` with ``drafter`` (None if its cost is unknown); ``alpha``
@@ -788,7 +449,7 @@ class Controller:
             cost = 0.0  # never measured: weighed at no cost, so that it is tried and measured
         if not gammas:
             return None
-        decode = _DecodeSeconds(load, curve) if decode is None else decode
+        decode = DecodeSeconds(load, curve) if decode is None else decode
         switch = 0.0
         allowed = 0.0  # the part of the catch-up the allowance covers, spread over the tokens left
         survival: list[float] | None = None
@@ -877,82 +538,3 @@ class Controller:
         return text if plain is None else f"{text} vs plain {plain.rate:.1f}"
 
 
-class FixedController:
-    """``--draft-len G``: always the same drafter and γ (lookup capped at what it found; G=0: plain)."""
-
-    def __init__(self, drafter: str | None, gamma: int) -> None:
-        if gamma < 0:
-            raise ValueError(f"gamma must be >= 0, got {gamma}")
-        if gamma > 0 and drafter is None:
-            raise ValueError("a fixed gamma > 0 needs a drafter")
-        self.drafter = drafter if gamma > 0 else None
-        self.gamma = gamma
-        self.max_gamma = gamma
-        self._plain = DecayedRatio(0.9)
-        # The same plan every round (a lookup's γ depends on what it found)
-        self._plan = Plan(None, 0, "fixed: plain decoding") if self.drafter is None else Plan(
-            self.drafter, gamma, f"fixed: {self.drafter} γ={gamma}"
-        )
-
-    @property
-    def plain_tokens_per_second(self) -> float:
-        c1 = self._plain.value
-        return 1.0 / c1 if c1 else 0.0
-
-    def start_request(self, behind: Mapping[str, int] | None = None) -> None:
-        """A fixed plan keeps no per-drafter state that a new request would change."""
-
-    def certain_len(self, n: int, load: Load = NO_LOAD) -> int:
-        """A fixed plan takes every token a constraint forces (within the decode's room)."""
-        return max(min(n, load.room - 1), 0)
-
-    def record_costs(
-        self,
-        verify: dict[int, float],
-        draft: dict[str, float],
-        catchup: dict[str, float] | None = None,
-        switch: float | None = None,
-    ) -> None:
-        """A fixed plan needs no costs; the plain rate it reports comes from its own 1-token rounds."""
-        if 1 in verify:
-            self._plain.add(verify[1])
-
-    def plan(
-        self,
-        lookup: Sequence[int] = (),
-        load: Load = NO_LOAD,
-        remaining: int | None = None,
-        agreement: int = 0,
-        from_prompt: bool = False,
-    ) -> Plan:
-        """The fixed plan, whatever the load and the tokens left; only the decode's row budget (``load.room``) can
-        shorten it."""
-        if load.room <= self.gamma:
-            gamma = min(len(lookup), load.room - 1) if self.drafter == LOOKUP else load.room - 1
-            if gamma <= 0:
-                return Plan(None, 0, "fixed: no rows left in this decode")
-            return Plan(self.drafter, gamma, f"fixed: {self.drafter} γ={gamma} (rows left in this decode)")
-        if self.drafter != LOOKUP or len(lookup) >= self.gamma:
-            return self._plan
-        if not lookup:
-            return Plan(None, 0, "fixed: lookup found nothing")
-        return Plan(LOOKUP, len(lookup), f"fixed: {LOOKUP} γ={len(lookup)}")
-
-    def observe(
-        self,
-        plan: Plan,
-        *,
-        n_drafted: int,
-        n_accepted: int,
-        t_draft: float,
-        t_verify: float,
-        committed: Sequence[int] = (),
-        record_verify: bool = True,
-    ) -> None:
-        if n_drafted == 0 and record_verify:
-            self._plain.add(t_verify)
-
-    def record_decode(self, rows: int, seconds: float) -> None:
-        """A shared decode: the plain rate this reports is a lone sequence's, so only 1-row decodes count."""
-        if rows == 1:
-            self._plain.add(seconds)

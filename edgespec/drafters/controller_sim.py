@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgespec.drafters.controller import LOOKUP, FixedController, Plan, RoundController, expected_tokens
+from edgespec.drafters.estimates import expected_tokens
 from edgespec.drafters.lookup import LookupDrafter
+from edgespec.drafters.plan import LOOKUP, FixedController, Plan, RoundController
 
 
 @dataclass(frozen=True)
