@@ -271,9 +271,9 @@ class Controller:
         grows with every row, it barely changes.
 
         With a ``plan_budget``, a plain plan is reused while nothing it was made from has moved, for as many rounds
-        as its cost asks (see :meth:`_reuse`): a plan weighs every drafter and γ, ~30-200 µs of Python, and on a
-        GPU, whose decode of a few rows takes ~2-4 ms, working it out anew every round for 4 sequences cost auto a
-        fifth of plain decoding's speed (measured on an H200, where auto drafted nothing and still ran at 0.79x)."""
+        as its cost asks (see :meth:`_reuse`): a plan weighs every drafter and γ, and beside a GPU's decode of a few
+        milliseconds, working it out anew every round for several sequences costs a share of plain decoding's speed
+        (docs/benchmarks.md, "auto's own loop beside a GPU's step")."""
         if self.plan_budget is None:
             return self._plan_round(lookup, load, remaining, agreement, from_prompt, 0.0)
         t0 = time.perf_counter()
@@ -306,8 +306,7 @@ class Controller:
         rounds = self._reuse()
         # A plan that turned a proposal down stands only in a shared decode (see _Settled): there every lane plans
         # every step, and its proposals lose to the batch by a wide margin; alone a short draft of a weak proposal
-        # is a close call that the next one may win (on a scripted target at the H200's costs, alone, translations
-        # lost 6 % where such plans stood as well).
+        # is a close call that the next one may win, and a plan standing against it loses those wins.
         shared = bool(load.sequences)
         if plan.drafter is None and rounds > 0 and (shared or offered == (-1, 0)):
             slack = self.config.settled_slack * (self._verify.measured(1) or 0.0)
@@ -316,8 +315,8 @@ class Controller:
 
     def _reuse(self) -> int:
         """For how many more rounds a plain plan may stand: enough that planning, spread over them, takes at most
-        ``plan_budget`` of a one-token decode. None where planning is cheap beside the decode (on a CPU: ~0.1 ms
-        beside 20-70 ms), so there every round is planned."""
+        ``plan_budget`` of a one-token decode. None where planning is cheap beside the decode (on a CPU), so there
+        every round is planned."""
         assert self.plan_budget is not None
         spent, step = self._plan_seconds.value, self._verify.measured(1)
         if spent is None or not step:
@@ -412,9 +411,8 @@ class Controller:
         if curve is None or not n:
             return n
         # Summed, not per sequence (Load.batch_tokens): a structured reply's keys and punctuation are sure tokens,
-        # and counted per sequence they would almost never ride beside other requests on a CPU (seen: 4 forced
-        # tokens in 20 schema replies sent four at a time, where the sum put in more than 20); with the sum,
-        # structured output at 4 clients measured 0.95-1.17x of batched plain in the README's runs.
+        # and counted per sequence they would almost never ride beside other requests on a CPU, where the sum puts
+        # them in (docs/benchmarks.md, "Structured output").
         rates = [(load.tokens + k + 1) / (load.decode_seconds(curve, k + 1) + load.seconds) for k in range(n + 1)]
         return max(range(n + 1), key=rates.__getitem__)
 
@@ -480,8 +478,7 @@ class Controller:
             # Every γ from here on costs at least this (drafting and the catch-up share grow with γ; the decode
             # costs at least decode.floor), so once even ``top`` tokens for it cannot beat the best so far, no
             # longer draft can: the answer is the same as weighing them all, for a fraction of the work (weighing
-            # all 16 widths twice took ~30-60 µs alone and ~90-160 µs at 4 lanes on the dev CPU: beside a GPU's
-            # decode of ~2-4 ms, up to a fifth of a step).
+            # every width is a share of a GPU's step: docs/benchmarks.md, "auto's own loop beside a GPU's step").
             own = float(expected(gamma))
             loop = self.loop_seconds(gamma)
             if prune and best is not None:
@@ -501,8 +498,8 @@ class Controller:
         """The graph changes a round of ``rows`` rows is charged, after a round of ``self._last_rows``. Leaving plain
         decoding (1 row) pays for the change there and, in advance, for the one back; staying at the same width, or
         coming back to plain, then costs nothing more; moving from one draft width to another pays one change. So a
-        lone draft between plain rounds carries both of the changes it causes (on a GPU with ~2 ms steps, a sparse
-        draft of a token or two saves less than that), and a run of drafts of one width pays them once."""
+        lone draft between plain rounds carries both of the changes it causes (where steps are short, as on a GPU, a
+        sparse draft of a token or two saves less than that), and a run of drafts of one width pays them once."""
         last, switch = self._last_rows, self._verify.switch
         if rows == last or rows == 1:
             return 0.0

@@ -151,9 +151,8 @@ class VerifyCost:
 
         Plans price a decode as the sum of its passes, and choose the width that looks cheapest: left unsampled,
         a width that calibration read low stays the favourite for good. Under load a sequence's draft runs as a
-        pass beside the others' single rows, so without this its width would only be measured alone (seen: a
-        14-row pass calibrated at 309 ms took 380-440 beside three lanes' rows, and lookup drafts of 14 kept
-        being chosen, at a loss)."""
+        pass beside the others' single rows, so without this its width would only be measured alone, where it costs
+        less than beside them, and long lookup drafts would keep being chosen at a loss."""
         if len(passes) == 1:
             self.add(passes[0], seconds)
             return
@@ -186,8 +185,8 @@ class VerifyCost:
             curve = [0.0, *(known[b] for b in range(1, max_b + 1))]
         else:
             # Worked out again after every decode under load (plans read widths past the calibrated ones), so in
-            # one walk over the measured widths: bisecting for each width cost ~1 us a width, ~70 us for the 68
-            # widths a lockstep of 4 reads, beside a GPU's step of ~3 ms.
+            # one walk over the measured widths rather than a bisection for each: lockstep at several lanes reads
+            # dozens of widths, and their cost adds up beside a GPU's step of a few milliseconds.
             slope = self._slope()
             keep = 1.0 - self.optimism
             curve = [0.0]

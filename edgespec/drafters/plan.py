@@ -56,12 +56,11 @@ class Load:
 
         With the others given as sequences: as many times the sequences' geometric mean, which is their sum while
         they all commit alike, and less when one gets ahead at the others' cost. A draft beside plain rows adds a
-        forward pass that every sequence in the decode waits for (see ``passes``): counted by the sum, a 10-token
-        draft that took 526 ms where four plain rows took 135 looked worth it to the batch while it slowed the
-        three others to a quarter, and the last requests of a run then finished last, in a half-empty batch
-        (measured: auto at 0.82-0.89x of plain at 4 clients on translation). Counted so, drafting under load is
-        chosen when it lifts the batch as a whole, as it does when the lanes' drafts share a pass (on a GPU, when
-        the pass costs little). A lone sequence: its own tokens either way."""
+        forward pass that every sequence in the decode waits for (see ``passes``): counted by the sum, a long draft
+        whose pass took longer than the others' plain rows looked worth it to the batch while it slowed the others
+        severalfold, and a run's last requests then finished last, in a half-empty batch. Counted so, drafting under
+        load is chosen when it lifts the batch as a whole, as it does when the lanes' drafts share a pass (on a GPU,
+        when the pass costs little). A lone sequence: its own tokens either way."""
         if self.sequences is None or self.sequences == 0:
             return own + self.tokens
         n = self.sequences + 1
