@@ -30,6 +30,9 @@ back, so a drafter whose catch-up costs more than it could win back (the draft m
 The controller's own Python is a cost of every round too: nothing beside a CPU's step, a sizeable share of a GPU's
 (docs/benchmarks.md, "auto's own loop beside a GPU's step"). It is timed (:meth:`Controller.plan` and
 :meth:`Controller.observe`, by the rows a round drafted) and charged to the plans like the decode.
+
+This module is one class, a little over 500 lines: the Controller's planning reads the estimates its bookkeeping
+keeps, and split apart each half would reach into the other's state.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from itertools import accumulate
 
 from edgespec.drafters.estimates import Acceptance, DecayedRatio, VerifyCost, expected_tokens
 from edgespec.drafters.lookup_forecast import DEFAULT_FORECAST, ForecastConfig, LookupForecast
-from edgespec.drafters.plan import LOOKUP, NO_LOAD, DecodeSeconds, Load, Plan
+from edgespec.drafters.plan import LOOKUP, NO_LOAD, DecodeSeconds, Load, Plan, SettledPlan, load_key
 
 
 @dataclass(frozen=True)
@@ -80,34 +83,6 @@ class _DrafterState:
     cost: DecayedRatio  # seconds per drafted token
     catchup: DecayedRatio  # extra seconds per token committed while the drafter sat out
     gap: int = 0  # tokens committed since the drafter last ran
-
-
-@dataclass
-class _Settled:
-    """A plain plan that stands for the next ``rounds`` rounds while what it was made from holds: the load (as
-    :func:`_load_key`, and the others' drafting seconds within ``slack`` of ``seconds``), lookup's proposal no firmer
-    than the one it turned down (``offered``: its agreement bucket and length, (-1, 0) for none)."""
-
-    plan: Plan
-    load: tuple[float, ...]
-    seconds: float
-    slack: float
-    rounds: int
-    offered: tuple[int, int] = (-1, 0)
-
-    def turned_down(self, offered: tuple[int, int]) -> bool:
-        """Whether a proposal in this (bucket, length) is one the plan already turned down: no better anchored and no
-        longer. (A copy getting under way raises its agreement every round, and is planned for anew.)"""
-        return offered == (-1, 0) or (offered[0] <= self.offered[0] and offered[1] <= self.offered[1])
-
-    def holds(self, load: Load) -> bool:
-        # The others' seconds are their drafts' expected costs, and a draft model's per-token cost moves with every
-        # draft it makes: within a tenth of a step they are the same load.
-        return _load_key(load) == self.load and abs(load.seconds - self.seconds) <= self.slack
-
-
-def _load_key(load: Load) -> tuple[float, ...]:
-    return (load.rows, load.tokens, load.room, load.sequences or 0, load.log_tokens)
 
 
 @dataclass(frozen=True)
@@ -174,7 +149,7 @@ class Controller:
         self._last_rows = 1  # the rows this sequence put into the last decode (its width, for a lone sequence)
         self.plan_budget = plan_budget
         self._plan_seconds = DecayedRatio(config.cost_decay)  # what a plan (worked out, not reused) takes here
-        self._settled: _Settled | None = None
+        self._settled: SettledPlan | None = None
         self.plans_reused = 0
         # This controller's own Python per round (plan and observe): what a plain round takes, and what each drafted
         # row adds to it (a drafted round settles more of lookup's proposals).
@@ -304,13 +279,13 @@ class Controller:
         plan = self._plan(lookup, load, remaining)
         self._plan_seconds.add(time.perf_counter() - t0)
         rounds = self._reuse()
-        # A plan that turned a proposal down stands only in a shared decode (see _Settled): there every lane plans
+        # A plan that turned a proposal down stands only in a shared decode (see SettledPlan): there every lane plans
         # every step, and its proposals lose to the batch by a wide margin; alone a short draft of a weak proposal
         # is a close call that the next one may win, and a plan standing against it loses those wins.
         shared = bool(load.sequences)
         if plan.drafter is None and rounds > 0 and (shared or offered == (-1, 0)):
             slack = self.config.settled_slack * (self._verify.measured(1) or 0.0)
-            self._settled = _Settled(plan, _load_key(load), load.seconds, slack, rounds, offered)
+            self._settled = SettledPlan(plan, load_key(load), load.seconds, slack, rounds, offered)
         return plan
 
     def _reuse(self) -> int:

@@ -1,8 +1,9 @@
 """What a round is planned as, what it is planned against, and what plans it.
 
 A :class:`Plan` is one round's drafter and γ; a :class:`Load` is what the other sequences put into the same
-target decode; a :class:`RoundController` turns a proposal and a load into a plan and learns from what the round
-did. :class:`FixedController` is the one that always plans the same (``--draft-len G``); the adaptive one is
+target decode; a :class:`SettledPlan` is a plain plan that stands while the load it was made against holds. A
+:class:`RoundController` turns a proposal and a load into a plan and learns from what the round did.
+:class:`FixedController` is the one that always plans the same (``--draft-len G``); the adaptive one is
 :class:`~edgespec.drafters.controller.Controller`.
 """
 
@@ -74,6 +75,35 @@ class Load:
 
 
 NO_LOAD = Load()
+
+
+@dataclass
+class SettledPlan:
+    """A plain plan that stands for the next ``rounds`` rounds while what it was made from holds: the load (as
+    :func:`load_key`, and the others' drafting seconds within ``slack`` of ``seconds``), lookup's proposal no firmer
+    than the one it turned down (``offered``: its agreement bucket and length, (-1, 0) for none)."""
+
+    plan: Plan
+    load: tuple[float, ...]
+    seconds: float
+    slack: float
+    rounds: int
+    offered: tuple[int, int] = (-1, 0)
+
+    def turned_down(self, offered: tuple[int, int]) -> bool:
+        """Whether a proposal in this (bucket, length) is one the plan already turned down: no better anchored and no
+        longer. (A copy getting under way raises its agreement every round, and is planned for anew.)"""
+        return offered == (-1, 0) or (offered[0] <= self.offered[0] and offered[1] <= self.offered[1])
+
+    def holds(self, load: Load) -> bool:
+        # The others' seconds are their drafts' expected costs, and a draft model's per-token cost moves with every
+        # draft it makes: within a tenth of a step they are the same load.
+        return load_key(load) == self.load and abs(load.seconds - self.seconds) <= self.slack
+
+
+def load_key(load: Load) -> tuple[float, ...]:
+    """What a :class:`SettledPlan` holds of the load it was made against, but the others' drafting seconds."""
+    return (load.rows, load.tokens, load.room, load.sequences or 0, load.log_tokens)
 
 
 class DecodeSeconds:
