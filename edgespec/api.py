@@ -272,8 +272,9 @@ def load(
     """
     if not 1 <= parallel <= MAX_PARALLEL:
         raise InvalidParameterError(f"parallel must be 1..{MAX_PARALLEL}, got {parallel}")
-    from edgespec.models.gguf import check_vocab_compatible, preflight
+    from edgespec.models.gguf import preflight
     from edgespec.models.registry import resolve_model
+    from edgespec.models.vocab import check_vocab_compatible
 
     target_path = resolve_model(str(target), progress=show_fetch_progress)
     draft_choice = None

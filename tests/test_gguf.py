@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from edgespec.errors import ModelError, ModelNotFoundError, VocabMismatchError
-from edgespec.models.gguf import VOCAB_SIZE_MARGIN, check_vocab_compatible, preflight, read_vocab
+from edgespec.models.gguf import preflight, read_vocab
+from edgespec.models.vocab import VOCAB_SIZE_MARGIN, check_vocab_compatible
 
 NORMAL, CONTROL = int(gguf.TokenType.NORMAL), int(gguf.TokenType.CONTROL)
 

@@ -300,7 +300,8 @@ def compat(target: str, draft: str | None, show_all: bool, as_json: bool) -> Non
     From metadata alone (no weights load). TARGET and DRAFT are paths, pulled names, hf: references or ids from
     `edgespec models scan`.
     """
-    from edgespec.models.gguf import check_vocab_compatible, preflight
+    from edgespec.models.gguf import preflight
+    from edgespec.models.vocab import check_vocab_compatible
 
     registry = load_registry()
     if draft is not None:

@@ -15,12 +15,15 @@ abort (SIGABRT) that takes the whole process down. This module rejects all of th
   with the types llama.cpp reads, values its asserts need, vocabulary arrays of one length, unique token texts,
   special-token ids inside the vocabulary.
 
-It also checks that a target and a draft share a vocabulary from metadata alone, so an incompatible pair fails in
-milliseconds instead of after loading two sets of weights.
+The container and tensor-directory checks stay in this one module (a little over 500 lines): they are one pass over
+the file through one bounds-checked reader, and the rules about what the metadata means are already apart.
 
-Why not ``gguf.GGUFReader``: it builds numpy views for every field and tensor and takes 1.5-7 s on the models
-here; this reader walks the same bytes with ``struct`` over an mmap in tens of milliseconds. The ``gguf``
-package still supplies the tables (quantization block sizes, file type and token type names).
+Whether a target and a draft share a vocabulary is :mod:`edgespec.models.vocab`'s question; this module reads
+the token texts it compares (:func:`read_vocab`, :func:`token_array_bytes`).
+
+Why not ``gguf.GGUFReader``: it builds numpy views for every field and tensor, seconds on a model with a large
+vocabulary, where walking the same bytes with ``struct`` over an mmap takes milliseconds. The ``gguf`` package
+still supplies the tables (quantization block sizes, file type names).
 """
 
 from __future__ import annotations
@@ -33,9 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType, TokenType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
 
-from edgespec.errors import ModelError, ModelNotFoundError, VocabMismatchError
+from edgespec.errors import ModelError, ModelNotFoundError
 from edgespec.models.gguf_rules import (
     ARRAY,
     STRING,
@@ -47,11 +50,7 @@ from edgespec.models.gguf_rules import (
     show,
 )
 
-__all__ = ["GGUFInfo", "VOCAB_SIZE_MARGIN", "check_vocab_compatible", "preflight", "read_vocab"]
-
-# llama.cpp's speculative example accepts target/draft vocabularies whose sizes differ by at most this much
-# (the tail is padding or extra special tokens the draft never proposes).
-VOCAB_SIZE_MARGIN = 128
+__all__ = ["GGUFInfo", "preflight", "read_vocab", "token_array_bytes"]
 
 _MAGIC = b"GGUF"
 _SCALAR_FORMATS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
@@ -66,9 +65,6 @@ _MAX_DIMS = 4
 _INT64_MAX = (1 << 63) - 1
 _SIZE_MAX = (1 << 64) - 1
 _DEFAULT_ALIGNMENT = 32
-# Token types that are text a model can emit as ordinary output; the rest (control, user-defined, unknown,
-# unused) are specials that may legitimately differ between siblings.
-_PLAIN_TOKEN_TYPES = {int(TokenType.NORMAL), int(TokenType.BYTE)}
 
 
 @dataclass(frozen=True)
@@ -506,49 +502,7 @@ def read_vocab(info: GGUFInfo) -> tuple[list[bytes], list[int] | None]:
         handle.close()
 
 
-def check_vocab_compatible(target: GGUFInfo, draft: GGUFInfo) -> None:
-    """Raise :class:`VocabMismatchError` unless the draft's token ids mean the same text to the target.
-
-    Same rules as llama.cpp's speculative decoding: same tokenizer model type, same BOS/EOS ids, vocabulary
-    sizes within :data:`VOCAB_SIZE_MARGIN`, and identical token texts over the shared id range (specials
-    excepted). Works from metadata only, before any weights are loaded.
-    """
-    t, d = target.label(), draft.label()
-    advice = "pick a draft from the target's model family"
-    if target.tokenizer_model != draft.tokenizer_model:
-        raise VocabMismatchError(
-            f"target {t} uses tokenizer '{target.tokenizer_model}' but draft {d} uses "
-            f"'{draft.tokenizer_model}'; {advice}"
-        )
-    for what, a, b in (("BOS", target.bos_id, draft.bos_id), ("EOS", target.eos_id, draft.eos_id)):
-        if a != b:
-            raise VocabMismatchError(f"target {t} has {what} id {a} but draft {d} has {b}; {advice}")
-    if abs(target.n_vocab - draft.n_vocab) > VOCAB_SIZE_MARGIN:
-        raise VocabMismatchError(
-            f"target {t} has {target.n_vocab} tokens but draft {d} has {draft.n_vocab} "
-            f"(more than {VOCAB_SIZE_MARGIN} apart); {advice}"
-        )
-    if _token_bytes(target) == _token_bytes(draft):  # siblings: one vocabulary, byte for byte, compared in C
-        return
-    t_texts, t_types = read_vocab(target)
-    d_texts, d_types = read_vocab(draft)
-    shared = min(len(t_texts), len(d_texts))
-    if t_texts[:shared] == d_texts[:shared]:  # the common case, compared at C speed
-        return
-    for i in range(shared):
-        if t_texts[i] == d_texts[i]:
-            continue
-        if (t_types and t_types[i] not in _PLAIN_TOKEN_TYPES) or (
-            d_types and d_types[i] not in _PLAIN_TOKEN_TYPES
-        ):
-            continue
-        raise VocabMismatchError(
-            f"target {t} and draft {d} differ at token {i}: "
-            f"{_show_token(t_texts[i])} vs {_show_token(d_texts[i])}; {advice}"
-        )
-
-
-def _token_bytes(info: GGUFInfo) -> bytes:
+def token_array_bytes(info: GGUFInfo) -> bytes:
     """The raw bytes of a preflighted file's token array (lengths and texts), as stored."""
     ref = info._tokens
     if ref is None:
@@ -561,8 +515,3 @@ def _token_bytes(info: GGUFInfo) -> bytes:
             return f.read(ref.end - ref.offset)
     except OSError as exc:
         raise ModelError(f"cannot read {info.path}: {exc.strerror or exc}") from None
-
-
-def _show_token(token: bytes) -> str:
-    # repr() keeps the message on one line whatever the token holds (newlines, control bytes).
-    return repr(token.decode("utf-8", errors="replace"))

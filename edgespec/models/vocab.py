@@ -4,9 +4,10 @@ llama.cpp (``common_speculative_are_compatible`` in common/speculative.cpp) refu
 models have the same vocabulary type; the same add-BOS and add-EOS behaviour and, where a token is added, the
 same id for it; vocabulary sizes within 128; and identical token texts from id 5 on. When a GGUF does not say
 whether it adds BOS/EOS, llama.cpp's vocabulary loader (src/llama-vocab.cpp) decides by tokenizer, and so does
-this module. :func:`edgespec.models.gguf.check_vocab_compatible`, which ``load`` runs, also wants the BOS and EOS
-ids equal and the tokenizer models named alike; a draft counts as compatible here only when it passes both, so
-a draft chosen here is never refused at load time.
+this module (:func:`incompatibility`). :func:`check_vocab_compatible`, which ``load`` runs, also wants the BOS and
+EOS ids equal and the tokenizer models named alike; a draft counts as compatible here only when it passes both, so
+a draft chosen here is never refused at load time. Both work from metadata alone, so an incompatible pair fails in
+milliseconds instead of after loading two sets of weights.
 
 A vocabulary's *fingerprint* is a hash of its tokenizer and its token texts: equal fingerprints mean identical
 vocabularies, which settles most comparisons without reading two token lists.
@@ -20,11 +21,18 @@ from dataclasses import dataclass
 
 from gguf import TokenType
 
-from edgespec.models.gguf import VOCAB_SIZE_MARGIN, GGUFInfo, read_vocab
+from edgespec.errors import VocabMismatchError
+from edgespec.models.gguf import GGUFInfo, read_vocab, token_array_bytes
 
-__all__ = ["FIRST_COMPARED_TOKEN", "VocabFacts", "fingerprint", "incompatibility", "vocab_facts"]
+__all__ = [
+    "FIRST_COMPARED_TOKEN", "VOCAB_SIZE_MARGIN", "VocabFacts", "check_vocab_compatible", "fingerprint",
+    "incompatibility", "vocab_facts",
+]  # fmt: skip
 
 FIRST_COMPARED_TOKEN = 5  # llama.cpp's SPEC_VOCAB_CHECK_START_TOKEN_ID
+# llama.cpp's speculative example accepts target/draft vocabularies whose sizes differ by at most this much
+# (the tail is padding or extra special tokens the draft never proposes).
+VOCAB_SIZE_MARGIN = 128
 
 # tokenizer.ggml.model -> llama.cpp's vocabulary type
 _VOCAB_TYPES = {
@@ -36,6 +44,8 @@ _BPE_PRE_ADDING_BOS = {
     "llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "jina-v5-nano",
     "tekken", "chameleon", "gemma4",
 }  # fmt: skip
+# Token types that are text a model can emit as ordinary output; the rest (control, user-defined, unknown,
+# unused) are specials that may legitimately differ between siblings.
 _PLAIN_TOKEN_TYPES = {int(TokenType.NORMAL), int(TokenType.BYTE)}
 
 
@@ -113,6 +123,49 @@ def incompatibility(
     return _text_difference(target, draft)
 
 
+def check_vocab_compatible(target: GGUFInfo, draft: GGUFInfo) -> None:
+    """Raise :class:`VocabMismatchError` unless the draft's token ids mean the same text to the target.
+
+    Same rules as llama.cpp's speculative decoding: same tokenizer model type, same BOS/EOS ids, vocabulary
+    sizes within :data:`VOCAB_SIZE_MARGIN`, and identical token texts over the shared id range (specials
+    excepted). Works from metadata only, before any weights are loaded.
+    """
+    t, d = target.label(), draft.label()
+    advice = "pick a draft from the target's model family"
+    if target.tokenizer_model != draft.tokenizer_model:
+        raise VocabMismatchError(
+            f"target {t} uses tokenizer '{target.tokenizer_model}' but draft {d} uses "
+            f"'{draft.tokenizer_model}'; {advice}"
+        )
+    for what, a, b in (("BOS", target.bos_id, draft.bos_id), ("EOS", target.eos_id, draft.eos_id)):
+        if a != b:
+            raise VocabMismatchError(f"target {t} has {what} id {a} but draft {d} has {b}; {advice}")
+    if abs(target.n_vocab - draft.n_vocab) > VOCAB_SIZE_MARGIN:
+        raise VocabMismatchError(
+            f"target {t} has {target.n_vocab} tokens but draft {d} has {draft.n_vocab} "
+            f"(more than {VOCAB_SIZE_MARGIN} apart); {advice}"
+        )
+    # Siblings: one vocabulary, byte for byte, compared in C.
+    if token_array_bytes(target) == token_array_bytes(draft):
+        return
+    t_texts, t_types = read_vocab(target)
+    d_texts, d_types = read_vocab(draft)
+    shared = min(len(t_texts), len(d_texts))
+    if t_texts[:shared] == d_texts[:shared]:  # the common case, compared at C speed
+        return
+    for i in range(shared):
+        if t_texts[i] == d_texts[i]:
+            continue
+        if (t_types and t_types[i] not in _PLAIN_TOKEN_TYPES) or (
+            d_types and d_types[i] not in _PLAIN_TOKEN_TYPES
+        ):
+            continue
+        raise VocabMismatchError(
+            f"target {t} and draft {d} differ at token {i}: "
+            f"{_show(t_texts[i])} vs {_show(d_texts[i])}; {advice}"
+        )
+
+
 def _text_difference(target: GGUFInfo, draft: GGUFInfo) -> str | None:
     t_texts, t_types = read_vocab(target)
     d_texts, d_types = read_vocab(draft)
@@ -133,4 +186,5 @@ def _text_difference(target: GGUFInfo, draft: GGUFInfo) -> str | None:
 
 
 def _show(token: bytes) -> str:
+    # repr() keeps the message on one line whatever the token holds (newlines, control bytes).
     return repr(token.decode("utf-8", errors="replace"))
