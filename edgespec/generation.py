@@ -28,6 +28,7 @@ from edgespec.logprobs import row_logprob, token_logprob
 from edgespec.models.slot import KVSlot, Part, common_prefix
 from edgespec.penalties import windows
 from edgespec.sampling import LOGITS, Readout, SamplingParams, Scores, Uniforms, Warped, verify_readout
+from edgespec.tally import Tally
 from edgespec.text import TextStream
 from edgespec.verify import Verdict, verify_greedy, verify_stochastic
 
@@ -124,7 +125,7 @@ class Generation:
         self.prompt_logprobs: list[TokenLogprob | None] = [None] if params.prompt_logprobs is not None else []
         self.clock = time.perf_counter
         self.t_start = self.clock()
-        self.tally = _Tally(self.n_prompt, self.max_gamma, target.readout_path(self.readout))
+        self.tally = Tally(self.n_prompt, self.max_gamma, target.readout_path(self.readout))
         self.stats = self.tally.snapshot(self.t_start, 0.0, None, controller)
         self._models = [m for m in (lane.target, lane.draft) if m is not None]
         self._busy_at_start = 0.0
@@ -460,66 +461,6 @@ def accept(
         return verify_greedy(draft.tokens, _Tops(Warped(scores, params, counts, masks, reread)))
     # p_1..p_{γ+1}, each warped when the verifier first reads it
     return verify_stochastic(draft.tokens, draft.q, Warped(scores, params, counts, masks, reread), rng)
-
-
-class _Tally:
-    """A request's running counts and times, kept mutable so a round costs additions, not a dataclass copy; each
-    event carries a :class:`Stats` snapshot of them."""
-
-    def __init__(self, prompt_tokens: int, max_gamma: int, sampling_path: str) -> None:
-        self.prompt_tokens = prompt_tokens
-        self.sampling_path = sampling_path
-        self.prefilled = 0
-        self.t_prefill = 0.0
-        self.rounds = self.drafted = self.accepted = 0
-        self.forced = 0  # accepted tokens the constraint forced
-        self.rereads = 0  # constrained verify rows read again whole
-        self.t_constraint = 0.0
-        self.t_draft = self.t_verify = self.t_sample = 0.0
-        self.hist = [0] * (max_gamma + 1)  # hist[k]: rounds that accepted k drafts
-
-    def add_round(self, gamma: int, k: int, t_draft: float, t_verify: float, t_sample: float) -> None:
-        self.rounds += 1
-        self.drafted += gamma
-        self.accepted += k
-        self.hist[k] += 1
-        self.t_draft += t_draft
-        self.t_verify += t_verify
-        self.t_sample += t_sample
-
-    def snapshot(
-        self,
-        t_start: float,
-        t_llama: float,
-        plan: Plan | None,
-        controller: RoundController,
-        *,
-        generated: int = 0,
-        draft_len: int = 0,
-    ) -> Stats:
-        return Stats(
-            prompt_tokens=self.prompt_tokens,
-            prefilled_tokens=self.prefilled,
-            generated=generated,
-            rounds=self.rounds,
-            drafted=self.drafted,
-            accepted=self.accepted,
-            t_prefill=self.t_prefill,
-            t_draft=self.t_draft,
-            t_verify=self.t_verify,
-            t_sample=self.t_sample,
-            t_total=time.perf_counter() - t_start,
-            t_llama=t_llama,
-            accepted_per_round=tuple(self.hist),
-            drafter=(plan.drafter or "none") if plan is not None else "none",
-            draft_len=draft_len,
-            decision=plan.reason if plan is not None else "",
-            plain_tokens_per_second=controller.plain_tokens_per_second,
-            sampling_path=self.sampling_path,
-            forced=self.forced,
-            rereads=self.rereads,
-            t_constraint=self.t_constraint,
-        )
 
 
 class _Tops(Sequence[int]):
