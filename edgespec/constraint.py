@@ -6,7 +6,7 @@ of something the grammar accepts (~50 µs a position for a 152k vocabulary, meas
 
 One definition of the constrained distribution, for plain decoding, the draft's q and the verifier's p alike: at
 each position mask the forbidden tokens, then penalties, top-k, top-p, min-p and temperature as without a
-constraint (:func:`edgespec.sampling.warp_row`). Under speculation the position's mask depends on the tokens before
+constraint (:func:`edgespec.warp.warp_row`). Under speculation the position's mask depends on the tokens before
 it, so the constraint is *forked* along the draft: row i is masked with the state after the committed text plus
 ``d_1..d_{i-1}`` (:meth:`Constraint.mask`), and only committed tokens advance the real state
 (:meth:`Constraint.commit`); a rejection rolls back nothing that was committed.

@@ -27,10 +27,11 @@ from edgespec.events import Chunk, Event, Finished, FinishReason, Span, Stats, T
 from edgespec.logprobs import row_logprob, token_logprob
 from edgespec.models.slot import KVSlot, Part, common_prefix
 from edgespec.penalties import windows
-from edgespec.sampling import LOGITS, Readout, SamplingParams, Scores, Uniforms, Warped, verify_readout
+from edgespec.sampling import LOGITS, Readout, SamplingParams, Scores, Uniforms, verify_readout
 from edgespec.tally import Tally
 from edgespec.text import TextStream
 from edgespec.verify import Verdict, verify_greedy, verify_stochastic
+from edgespec.warp import Warped
 
 PROMPT_ROWS = 64  # prompt tokens a scored prefill decodes at once (each is a row: llama.cpp's buffers hold 65)
 

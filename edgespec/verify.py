@@ -11,7 +11,7 @@ The emitted tokens are then distributed exactly as if sampled from ``p`` one at 
 (prompt lookup) passes ``q=None``: its ``q_i`` is one-hot on ``d_i``. Greedy decoding has its own path.
 
 The positions are tested one by one, as the papers write it, and ``p`` may warp its rows only when asked
-(:class:`~edgespec.sampling.Warped`): the rows after the first rejection are never computed.
+(:class:`~edgespec.warp.Warped`): the rows after the first rejection are never computed.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from edgespec.sampling import Dist, Uniforms, sample
+from edgespec.sampling import Uniforms
+from edgespec.warp import Dist, sample
 
 
 class Verdict(NamedTuple):

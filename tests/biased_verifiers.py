@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from edgespec.sampling import Dist, sample
 from edgespec.verify import Verdict, residual, verify_stochastic
+from edgespec.warp import Dist, sample
 
 
 def _q_of(q, i, draft) -> Dist:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edgespec.sampling import Dist
+from edgespec.warp import Dist
 
 
 def densify(dists: Sequence[Dist], n_vocab: int) -> np.ndarray:

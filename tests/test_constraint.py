@@ -15,7 +15,8 @@ from test_engine import exact_output_joint
 from edgespec.constraint import Constraint, Grammar, Mask
 from edgespec.engine import Engine
 from edgespec.errors import InvalidParameterError, ModelError
-from edgespec.sampling import Candidates, NeedWholeRow, SamplingParams, readout_for, warp_row
+from edgespec.sampling import Candidates, SamplingParams, readout_for
+from edgespec.warp import NeedWholeRow, warp_row
 
 MARGIN = 2.0
 # On a 26-token fake (token t writes chr(ord("a") + t), token 0 ends the generation) this regex allows, by output

@@ -31,8 +31,9 @@ from biased_verifiers import (
 from exact_reference import PositionalChain, output_checks, prefix_joint
 from stat_tools import Check, worst
 
-from edgespec.sampling import Candidates, Dist, SamplingParams, warp_row
+from edgespec.sampling import Candidates, SamplingParams
 from edgespec.verify import Verdict, verify_stochastic
+from edgespec.warp import Dist, warp_row
 
 pytestmark = pytest.mark.exactness
 

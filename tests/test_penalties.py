@@ -13,7 +13,8 @@ from exact_reference import reference_penalize
 
 from edgespec.errors import InvalidParameterError
 from edgespec.penalties import penalize_list, penalize_row, window, windows
-from edgespec.sampling import LOGITS, Candidates, Readout, SamplingParams, readout_for, warp_row
+from edgespec.sampling import LOGITS, Candidates, Readout, SamplingParams, readout_for
+from edgespec.warp import warp_row
 
 V = 50
 

@@ -11,17 +11,8 @@ from dense import densify
 from stat_tools import fits
 
 from edgespec.errors import InvalidParameterError, ModelError
-from edgespec.sampling import (
-    ARGMAX,
-    LOGITS,
-    Candidates,
-    Dist,
-    Readout,
-    SamplingParams,
-    readout_for,
-    sample,
-    warp,
-)
+from edgespec.sampling import ARGMAX, LOGITS, Candidates, Readout, SamplingParams, readout_for
+from edgespec.warp import Dist, sample, warp
 
 
 def reference_warp(logits: np.ndarray, sp: SamplingParams) -> np.ndarray:
@@ -211,7 +202,7 @@ def test_the_python_row_path_is_the_numpy_row_path(params: dict) -> None:
     """Narrow rows are warped and sampled in plain Python (faster right after a decode); the numpy code for wide
     rows must give the same ids in the same order, the same probabilities and, from the same seed, the same
     draws. Rows include ties and masked (-inf) tokens."""
-    import edgespec.sampling as sampling
+    import edgespec.warp as warp_module
 
     sp = SamplingParams(**params)
     rng = np.random.default_rng(7)
@@ -219,8 +210,8 @@ def test_the_python_row_path_is_the_numpy_row_path(params: dict) -> None:
         logits = np.round(rng.normal(size=100) * 3, 1).astype(np.float32)  # rounding makes ties
         logits[rng.integers(100, size=3)] = -np.inf
         ids = rng.permutation(150_000)[:100].astype(np.int32)
-        in_python = sampling._warp_one(ids.tolist(), logits.tolist(), sp)
-        (in_numpy,) = sampling._warp_rows(ids[None, :], logits[None, :], sp, None)
+        in_python = warp_module._warp_one(ids.tolist(), logits.tolist(), sp)
+        (in_numpy,) = warp_module._warp_rows(ids[None, :], logits[None, :], sp, None)
         assert in_python.ids == in_numpy.ids
         np.testing.assert_allclose(in_python.probs, in_numpy.probs, rtol=1e-12, atol=0)
         draws = [sample(in_python, random.Random(s)) for s in range(40)]

@@ -8,8 +8,8 @@ import pytest
 from dense import densify, from_probs
 from stat_tools import fits
 
-from edgespec.sampling import Dist
 from edgespec.verify import residual, verify_greedy, verify_stochastic
+from edgespec.warp import Dist
 
 
 @pytest.mark.exactness

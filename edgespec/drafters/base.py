@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from edgespec.sampling import Dist, SamplingParams, Uniforms
+from edgespec.sampling import SamplingParams, Uniforms
+from edgespec.warp import Dist
 
 FORCED = "forced"  # the "drafter" of the tokens a constraint forces: proposed without drafting, surely accepted
 

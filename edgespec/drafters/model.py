@@ -17,18 +17,8 @@ from edgespec.drafters.base import Draft
 from edgespec.models.backend import Model
 from edgespec.models.slot import Part, common_prefix
 from edgespec.penalties import RowWindows, windows
-from edgespec.sampling import (
-    LOGITS,
-    Dist,
-    NeedWholeRow,
-    Readout,
-    SamplingParams,
-    Scores,
-    Uniforms,
-    readout_for,
-    sample,
-    warp_row,
-)
+from edgespec.sampling import LOGITS, Readout, SamplingParams, Scores, Uniforms, readout_for
+from edgespec.warp import Dist, NeedWholeRow, sample, warp_row
 
 if TYPE_CHECKING:
     from edgespec.constraint import Constraint

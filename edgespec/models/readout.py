@@ -194,7 +194,7 @@ def read_rows(
             n = llama_cpp.llama_get_sampled_logits_count_ith(ctx, j)
             if n != kind.k:
                 raise ModelError(f"{name}: llama.cpp returned {n} candidates for a top-{kind.k} row")
-            # Slicing these pointers builds the lists in C: no numpy on the hot path (see sampling.py).
+            # Slicing these pointers builds the lists in C: no numpy on the hot path (see warp.py).
             p_max = None
             if kind.log_norm:
                 if llama_cpp.llama_get_sampled_probs_count_ith(ctx, j) != 1:
