@@ -17,6 +17,10 @@ The llama.cpp layer: this module, with :mod:`~edgespec.models.llama_init` (proce
 :mod:`~edgespec.models.devices` (devices, threads, offload), :mod:`~edgespec.models.readout` (reading rows out) and
 :mod:`~edgespec.models.batch` (the token batch), are the only modules that import llama_cpp. The device functions
 are re-exported here, where callers import them.
+
+:class:`Model` and :class:`Slot` stay in this one module, a little over 500 lines: a slot is a sequence of its
+model's context, reads the model's llama.cpp handles, and decodes through the model's one decode path
+(:meth:`Model.decode_batch`).
 """
 
 from __future__ import annotations
@@ -238,9 +242,8 @@ class Model:
         # (split_equal): sequences with 1, 1, 1 and 3 rows run as a pass of 4 rows, then one of 2, so a draft
         # beside other requests costs a whole extra forward pass (so does a prompt chunk; a gap in the busy ids is
         # filled with a throw-away token, see _fillers).
-        # One pool of cells (kv_unified on) makes every decode one pass, and measured faster (Qwen 1.5B, 4 clients
-        # of plain decoding, 2-core CPU, alternating in one process: creative 12.4 -> 13.8 tok/s, code-edit 11.3 ->
-        # 12.3), but there a seeded request at temperature 1.5 sent twice gave other text the second time
+        # One pool of cells (kv_unified on) makes every decode one pass, which is faster, but there a seeded request
+        # at temperature 1.5 sent twice gave other text the second time
         # (test_n_choices_share_the_prompt_and_each_is_seeded_apart). The likely cause, not confirmed: a
         # sequence's attention runs over the whole pool, so its sums depend on where the others' cells sit.
         ctx_params.kv_unified = False
