@@ -514,7 +514,8 @@ def test_cli_bench_concurrency_json(tiny_model_path: Path) -> None:
 
 
 def test_the_load_report_divides_by_plain_at_the_same_level() -> None:
-    from edgespec.bench.load import LoadRecord, Request, render_load_report
+    from edgespec.bench.load import LoadRecord, Request
+    from edgespec.bench.load_report import render_load_report
 
     def record(level: int, strategy: str, tokens: int) -> LoadRecord:
         r = LoadRecord(level, "code-edit", strategy, wall=2.0)
@@ -530,7 +531,8 @@ def test_the_load_report_divides_by_plain_at_the_same_level() -> None:
 
 
 def test_the_load_report_pools_rounds_and_shows_their_spread() -> None:
-    from edgespec.bench.load import LoadRecord, Request, render_load_report
+    from edgespec.bench.load import LoadRecord, Request
+    from edgespec.bench.load_report import render_load_report
 
     def record(strategy: str, tokens: int, round_: int) -> LoadRecord:
         r = LoadRecord(4, "math", strategy, wall=2.0, round=round_)

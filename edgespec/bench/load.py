@@ -9,12 +9,13 @@ peer alike. Reported per (level, class, strategy): total tok/s (tokens over the 
 (each request's tokens over its own time from first token to last), time to first token p50/p95 (from the
 request's start), the acceptance rate and where sampling ran.
 
-A single class's ratio at N > 1 swings by ±20 % from run to run on a shared 2-core machine: with ``repeats`` > 1
-each class runs that many rounds of the engine's strategies (plain among them), their order rotating each round so
-that no strategy always goes first (or last) in the machine's drift; the report pools the rounds (tokens over wall
-time) and gives the spread of the rounds' own ratios to plain beside it. The references and peers (``auto-serial``,
-llama-server, ``edgespec serve``) run in the first round only: a ratio to plain that must tell 5 % apart needs the
-rounds, a server's time to first token does not, and each of them would add a run per round and class.
+A single class's ratio at N > 1 swings widely from run to run on a shared 2-core machine (docs/benchmarks.md, "How
+to read them"): with ``repeats`` > 1 each class runs that many rounds of the engine's strategies (plain among them),
+their order rotating each round so that no strategy always goes first (or last) in the machine's drift; the report
+(:mod:`edgespec.bench.load_report`) pools the rounds (tokens over wall time) and gives the spread of the rounds' own
+ratios to plain beside it. The references and peers (``auto-serial``, llama-server, ``edgespec serve``) run in the
+first round only: a ratio to plain that must tell 5 % apart needs the rounds, a server's time to first token does
+not, and each of them would add a run per round and class.
 
 At levels above 1, ``auto-serial`` is auto with one lane, which the N clients share one request at a time: what a
 server without batching gives them (time to first token includes the wait).
@@ -44,8 +45,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from edgespec.bench.strategies import PLAIN, WARMUP_TOKENS, engine_for, parse_strategies
-from edgespec.bench.tables import format_table, percentile, value_range
+from edgespec.bench.strategies import WARMUP_TOKENS, engine_for, parse_strategies
+from edgespec.bench.tables import percentile
 from edgespec.bench.workloads import Task, prompt_job
 from edgespec.errors import EdgespecError
 
@@ -206,7 +207,7 @@ def run_load_bench(
     records: list[LoadRecord] = []
     warm = _replace(params, max_tokens=WARMUP_TOKENS)
     # A warm-up per way of reading the verify's rows that the runs will use (a constrained reply reads top-k
-    # candidates where a greedy one reads the argmax): auto calibrates its decode costs once per readout, ~5 s
+    # candidates where a greedy one reads the argmax): auto calibrates its decode costs once per readout, seconds
     # that a server pays once per machine (its cost cache keeps them) and a timed run must not.
     all_jobs = [job for jobs in prompts.values() for job in jobs]
     warmups = [all_jobs[0], *[job for job in all_jobs if job[1] is not None][:1]]
@@ -244,7 +245,7 @@ def run_load_bench(
                 jobs = prompts[task.name]
                 # At N > 1 two waves at least: a class's first N requests start together and all wait for their
                 # prefills, the next ones join requests in rounds, as a server's do; a single wave's total is
-                # decided by its slowest prefill (runs of it moved by 15-40 %).
+                # decided by its slowest prefill, which moves a lot from run to run.
                 want = max(len(jobs), level if level == 1 else 2 * level)
                 jobs = (jobs * -(-want // len(jobs)))[:want]
                 for round_ in range(repeats):
@@ -281,69 +282,6 @@ def _clear(*models: Model | None) -> None:
         if model is not None:
             for slot in model.slots:
                 slot.truncate(0)
-
-
-def _pooled(records: Sequence[LoadRecord]) -> LoadRecord:
-    """Several runs as one: their requests together over their summed wall time."""
-    first = records[0]
-    merged = LoadRecord(first.level, first.task, first.strategy, sum(r.wall for r in records))
-    merged.requests = [q for r in records for q in r.requests]
-    return merged
-
-
-def render_load_report(records: Sequence[LoadRecord], notes: Sequence[str], header: str) -> str:
-    """A row per (level, class, strategy), and an "all" row per (level, strategy); ratios to plain at the same
-    level, pooled over the rounds, with the range of the rounds' own ratios when there were several."""
-    rows: list[list[str]] = []
-    by_level: dict[int, dict[str, list[LoadRecord]]] = {}
-    for r in records:
-        by_level.setdefault(r.level, {}).setdefault(r.strategy, []).append(r)
-    rounds = len({r.round for r in records})
-    for level, strategies in by_level.items():
-        tasks = list(dict.fromkeys(r.task for rs in strategies.values() for r in rs))
-        plain_runs = strategies.get(PLAIN, [])
-        for task in [*tasks, "all"]:
-            for strategy, rs in strategies.items():
-                chosen = rs if task == "all" else [r for r in rs if r.task == task]
-                if not chosen:
-                    continue
-                merged = _pooled(chosen)
-                plain = plain_runs if task == "all" else [r for r in plain_runs if r.task == task]
-                ratio = merged.total_rate / _pooled(plain).total_rate if plain and _pooled(plain).total_rate else None
-                spread = "-"
-                if rounds > 1 and strategy != PLAIN and ratio is not None:
-                    per_round = []
-                    for k in sorted({r.round for r in chosen}):
-                        mine = [r for r in chosen if r.round == k]
-                        base = _pooled([r for r in plain if r.round == k] or plain).total_rate
-                        per_round.append(_pooled(mine).total_rate / base if base else 0.0)
-                    spread = value_range(per_round, ".2f") if len(per_round) > 1 else "-"
-                p50, p95, acc = merged.ttft(50), merged.ttft(95), merged.acceptance
-                row = [
-                    str(level), task, strategy, str(len(merged.requests)), f"{merged.total_rate:.1f}",
-                    f"{merged.per_request_rate:.1f}", "-" if p50 is None else f"{p50:.2f}",
-                    "-" if p95 is None else f"{p95:.2f}", "-" if acc is None else f"{acc:.0%}",
-                    "-" if ratio is None else f"{ratio:.2f}x",
-                ]  # fmt: skip
-                rows.append([*row, *([spread] if rounds > 1 else []), merged.sampling_path or "-"])
-    table = format_table(
-        ["N", "task", "strategy", "reqs", "total tok/s", "per-req tok/s", "TTFT p50 s", "TTFT p95 s", "accept",
-         "vs plain", *([f"rounds ({rounds})"] if rounds > 1 else []), "sampling"],
-        rows,
-    )  # fmt: skip
-    return "\n".join([header, table, *(f"note: {n}" for n in notes)])
-
-
-def records_json(records: Sequence[LoadRecord]) -> list[dict[str, Any]]:
-    return [
-        dict(
-            level=r.level, task=r.task, strategy=r.strategy, wall=r.wall, generated=r.generated,
-            total_tokens_per_second=r.total_rate, per_request_tokens_per_second=r.per_request_rate,
-            ttft_p50=r.ttft(50), ttft_p95=r.ttft(95), acceptance=r.acceptance, sampling_path=r.sampling_path,
-            round=r.round, requests=[r.__dict__ for r in r.requests],
-        )  # fmt: skip
-        for r in records
-    ]
 
 
 # ----- servers as peers ---------------------------------------------------------------------------------------

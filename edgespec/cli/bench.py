@@ -8,7 +8,8 @@ from typing import Any
 
 import click
 
-from edgespec.bench.load import default_levels, records_json, render_load_report, run_load_bench
+from edgespec.bench.load import default_levels, run_load_bench
+from edgespec.bench.load_report import records_json, render_load_report
 from edgespec.bench.measure import RunRecord
 from edgespec.bench.probes import decode_costs, loop_costs, render_costs, render_loop_costs, width_change_cost
 from edgespec.bench.report import render_report
