@@ -29,6 +29,9 @@ class Prompt:
     messages: tuple[dict, ...]  # chat messages (role, content), rendered with the target's own template
     json_schema: str | None = None  # the reply must be a JSON document valid under this schema (JSON text)
     tools: str | None = None  # the reply must call one of these tools (OpenAI's tools list, JSON text)
+    # Prompts of one sequence run in order through one runtime, each a fresh conversation (the agent class): what the
+    # runtime wrote for the earlier ones may draft the later ones.
+    sequence: str | None = None
 
     @property
     def constrained(self) -> bool:
@@ -40,6 +43,14 @@ class Task:
     name: str
     description: str
     prompts: tuple[Prompt, ...]
+    in_default_suite: bool = True  # False: run only when named (a class that needs a runtime run in order)
+
+    def sequences(self) -> dict[str, list[Prompt]]:
+        """The task's prompts by sequence, each in order (a prompt without one is a sequence of its own)."""
+        out: dict[str, list[Prompt]] = {}
+        for p in self.prompts:
+            out.setdefault(p.sequence or p.id, []).append(p)
+        return out
 
 
 def _parse_task(text: str, source: str) -> Task:
@@ -51,10 +62,11 @@ def _parse_task(text: str, source: str) -> Task:
                 tuple({"role": m["role"], "content": m["content"]} for m in p["messages"]),
                 _json_text(p.get("json_schema")),
                 _json_text(p.get("tools")),
+                None if p.get("sequence") is None else str(p["sequence"]),
             )
             for p in raw["prompts"]
         )
-        task = Task(str(raw["name"]), str(raw.get("description", "")), prompts)
+        task = Task(str(raw["name"]), str(raw.get("description", "")), prompts, bool(raw.get("in_default_suite", True)))
     except (tomllib.TOMLDecodeError, KeyError, TypeError, json.JSONDecodeError) as exc:
         raise EdgespecError(f"{source}: not a workload file ({exc})") from exc
     if not task.prompts:
@@ -67,7 +79,8 @@ def load_tasks(
 ) -> list[Task]:
     """The task classes to run, in the suite's order (``names`` picks and orders a subset).
 
-    ``source``: a workload ``.toml`` or a folder of them instead of the suite shipped in edgespec/workloads.
+    ``source``: a workload ``.toml`` or a folder of them instead of the suite shipped in edgespec/workloads. A shipped
+    class with ``in_default_suite = false`` (``agent``) runs only when ``names`` names it.
     """
     if source is None:
         shipped = resources.files("edgespec").joinpath("workloads")
@@ -84,9 +97,9 @@ def load_tasks(
             raise EdgespecError(f"unknown task {', '.join(unknown)}; the suite has: {', '.join(suite)}")
         tasks = [suite[n] for n in names]
     else:
-        tasks = list(suite.values())
+        tasks = [t for t in suite.values() if t.in_default_suite or source is not None]
     if prompts_per_task is not None:
-        tasks = [Task(t.name, t.description, t.prompts[:prompts_per_task]) for t in tasks]
+        tasks = [Task(t.name, t.description, t.prompts[:prompts_per_task], t.in_default_suite) for t in tasks]
     return tasks
 
 
