@@ -5,8 +5,8 @@ extraction from many documents) gets free drafts from earlier outputs where prom
 request's own text, has none. The cache holds earlier requests' token sequences, shared by every lane of a runtime.
 
 Library or own: ``arctic-inference`` (Snowflake's SuffixDecoding, Apache-2.0) ships its suffix tree as C++ built from
-an sdist only (from 0.1 on there is no wheel), whose setup.py imports torch >= 2.10 to build, and it bounds its cache
-by a count of requests with no scopes; the suffix-tree packages on PyPI (suffix-tree, suffix-trees, csuffixtree,
+an sdist only (no release since 0.0.6 has a wheel), whose setup.py imports torch >= 2.10 to build, and it bounds its
+cache by a count of requests with no scopes; the suffix-tree packages on PyPI (suffix-tree, suffix-trees, csuffixtree,
 pydivsufsort) are static or string-only, with no deletion and no counts. So this is a compact one of its own.
 
 **What it holds.** Entries, each one request's tokens (best: its output led by the last few tokens of its prompt,
