@@ -8,6 +8,9 @@ so it runs the single-stream loop unchanged.
 
 No thread of its own: every caller's thread steps for all when its own request has no event to hand out (a
 leader/follower pattern), so one caller runs inline, as fast as a plain loop, and several share each decode.
+
+An engine may hold a suffix cache (:mod:`edgespec.drafters.suffix_cache`), shared by its lanes: each request of a
+scope drafts from the outputs of the earlier ones of that scope, and leaves its own there when it finishes.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from typing import NamedTuple
 
 from edgespec.calibrate import Calibration, CostCache
@@ -25,7 +28,8 @@ from edgespec.drafters.controller import Controller
 from edgespec.drafters.estimates import VerifyCost
 from edgespec.drafters.lookup import LookupDrafter
 from edgespec.drafters.model import ModelDrafter, draft_together
-from edgespec.drafters.plan import FixedController, RoundController
+from edgespec.drafters.plan import LOOKUP, FixedController, RoundController
+from edgespec.drafters.suffix_cache import SuffixCache
 from edgespec.errors import ContextOverflowError, EdgespecError, InvalidParameterError
 from edgespec.events import Event, Finished, Stats
 from edgespec.generation import Generation, Lane, Request
@@ -51,6 +55,7 @@ MAX_PARALLEL = 16
 # prefill step and the step after it). A caller that does not come back costs that wait once.
 HANDOVER_SHARE = 0.05
 HANDOVER_MAX_SECONDS = 0.05
+ENGINE_SCOPE: Hashable = object()  # stream()'s cache_scope when not given: the engine's own (its cache_scope)
 
 
 def parse_draft_len(value: str | int) -> int | str:
@@ -69,6 +74,8 @@ class Engine:
 
     ``draft_len``: ``"auto"`` lets the cost-aware controller pick the drafter and γ each round (0 included);
     an integer fixes γ (the draft model if there is one, else prompt lookup; 0 = plain decoding).
+    ``suffix_cache``: earlier requests' outputs to draft from, shared by the lanes; ``cache_scope``: the scope of a
+    request that names none (None: such a request leaves the cache alone).
     """
 
     def __init__(
@@ -82,6 +89,8 @@ class Engine:
         max_gamma: int = DEFAULT_MAX_GAMMA,
         cost_cache: CostCache | None = None,
         parallel: int | None = None,
+        suffix_cache: SuffixCache | None = None,
+        cache_scope: Hashable | None = None,
     ) -> None:
         self.target = target
         self.draft_model = draft
@@ -97,6 +106,8 @@ class Engine:
         self._lanes = [self._make_lane(i, p_min, lookup) for i in range(parallel)]
         self.drafters: dict[str, Drafter] = self._lanes[0].drafters  # the drafters' names (lane 0's objects)
         self._lookup_on = lookup
+        self.suffix_cache = suffix_cache
+        self.cache_scope = cache_scope if suffix_cache is not None else None
         self.max_gamma = min(max_gamma, self.gamma_limit)
         self._curve: VerifyCost | None = None  # the target's decode costs: the auto controllers of all lanes share it
         self._planner = Planner(target.decode_passes, target.max_verify_rows, target.n_batch, lambda: self._curve)
@@ -207,6 +218,7 @@ class Engine:
         draft_len: int | str | None = None,
         lookup: bool | None = None,
         cache_prompt: bool = True,
+        cache_scope: Hashable | None = ENGINE_SCOPE,
     ) -> Iterator[Event]:
         """Generate after the prompt tokens; yield a :class:`Chunk` per round and a :class:`Finished` at the end.
 
@@ -214,6 +226,8 @@ class Engine:
         every lane taken, the request waits for one (first come, first served) when iterated; ``cancel`` ends
         the wait too. ``draft_len`` and ``lookup`` override the engine's settings for this request only.
         ``cache_prompt=False`` decodes the whole prompt even where a lane's KV already holds part of it.
+        ``cache_scope``: the suffix cache's scope this request drafts from and joins (None: neither; not given: the
+        engine's ``cache_scope``).
         """
         lookup = self._lookup_on if lookup is None else lookup
         request_draft_len = parse_draft_len(draft_len) if draft_len is not None else self.draft_len
@@ -234,9 +248,11 @@ class Engine:
         constraint = (
             Constraint(params.constraint, self.target, self.target.is_eog) if params.constraint is not None else None
         )
+        if cache_scope is ENGINE_SCOPE:
+            cache_scope = self.cache_scope
         request = Request(
             list(prompt), params, request_draft_len, self._fixed_drafter, lookup, headroom, cache_prompt, cancel,
-            constraint,
+            constraint, cache_scope if self.suffix_cache is not None else None,
         )  # fmt: skip
         return self._serve(request)
 
@@ -327,7 +343,7 @@ class Engine:
             lane = max(free, key=lambda ln: common_prefix(ln.target.kv_tokens, request.prompt))
             lane.busy = True
             try:
-                generation = Generation(lane, request, self._controller(lane, request))
+                generation = Generation(lane, request, self._controller(lane, request), self.suffix_cache)
             except BaseException:
                 lane.busy = False  # the request never began: its lane is free again
                 raise
@@ -364,8 +380,11 @@ class Engine:
     def _controller(self, lane: Lane, request: Request) -> RoundController:
         if request.draft_len == "auto":
             if lane.auto is None:
+                cache = self.suffix_cache is not None
+                # The cache's proposals are planned as lookup's are (free drafts), with or without lookup itself.
+                names = [*lane.drafters, *([LOOKUP] if cache and LOOKUP not in lane.drafters else [])]
                 lane.auto = Controller(
-                    list(lane.drafters), max_gamma=self.max_gamma, verify_cost=self._curve, plan_budget=PLAN_BUDGET
+                    names, max_gamma=self.max_gamma, verify_cost=self._curve, plan_budget=PLAN_BUDGET, cache=cache
                 )
                 self._curve = lane.auto.verify_cost
             return lane.auto

@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -22,7 +22,8 @@ import numpy as np
 from edgespec.constraint import Constraint, Mask
 from edgespec.drafters.base import FORCED, Draft, Drafter
 from edgespec.drafters.model import Drafting, ModelDrafter
-from edgespec.drafters.plan import Load, Plan, RoundController
+from edgespec.drafters.plan import CACHE, LOOKUP, NOTHING, Free, Load, Plan, RoundController
+from edgespec.drafters.suffix_cache import SuffixCache
 from edgespec.events import Chunk, Event, Finished, FinishReason, Span, Stats, TokenLogprob
 from edgespec.logprobs import row_logprob, token_logprob
 from edgespec.models.slot import KVSlot, Part, common_prefix
@@ -34,6 +35,13 @@ from edgespec.verify import Verdict, verify_greedy, verify_stochastic
 from edgespec.warp import Warped
 
 PROMPT_ROWS = 64  # prompt tokens a scored prefill decodes at once (each is a row: llama.cpp's buffers hold 65)
+# What a finished request leaves in the suffix cache: its output led by this many of its prompt's last tokens (the
+# chat template's assistant header and the question's last words), so that the next such request's first tokens
+# have a match too.
+CACHE_LEAD = 8
+# The cache's proposal ends before a token fewer than this share of the earlier outputs continued with: where they
+# went different ways, the majority's token is mostly wrong (docs/design.md), and so is what follows it.
+CACHE_MIN_PROB = 0.6
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,9 @@ class Request:
     cache_prompt: bool = True  # keep the prefix of the prompt the lane's KV already holds (llama-server's name)
     cancel: threading.Event | None = None
     constraint: Constraint | None = None  # compiled for the target's vocabulary
+    # The suffix cache's scope: what this request's output joins, and the only earlier outputs it drafts from (None:
+    # it neither drafts from the cache nor joins it).
+    cache_scope: Hashable | None = None
 
 
 @dataclass(frozen=True)
@@ -58,10 +69,11 @@ class Proposal:
     t0: float  # when the round's planning began (its drafting time counts from here)
     room: int  # tokens the request may still generate
     max_len: int  # the longest draft this round: room - 1, max γ and the decode's rows
-    lookup: list[int]  # lookup's proposal (empty: none, or lookup off)
-    agreement: int  # what lookup knows of where its proposal came from
+    lookup: list[int]  # the free proposal, prompt lookup's or the suffix cache's (empty: none, or both off)
+    agreement: int  # what its source knows of where it came from (see Free)
     from_prompt: bool
     forced: list[int]  # the tokens the constraint forces next (at most max_len)
+    source: str = LOOKUP  # where the free proposal came from: LOOKUP or CACHE
 
 
 @dataclass
@@ -92,7 +104,9 @@ class Generation:
     """A request on a lane, between its admission and its :class:`Finished` event. Its events queue up in
     :attr:`events` (an exception ends them), for the thread that owns the request to yield."""
 
-    def __init__(self, lane: Lane, request: Request, controller: RoundController) -> None:
+    def __init__(
+        self, lane: Lane, request: Request, controller: RoundController, cache: SuffixCache | None = None
+    ) -> None:
         self.lane = lane
         # Whether the prefix of the prompt that the lane's KV already holds is kept (llama-server's cache_prompt):
         # off, the whole prompt is decoded again, as for a client that asked for no caching (and a benchmark whose
@@ -102,6 +116,8 @@ class Generation:
         self.controller = controller
         self.max_gamma = request.headroom  # a fixed γ drafts exactly that far; auto up to max_gamma
         self.lookup = lane.drafters.get("lookup") if request.lookup else None
+        self.cache = cache if request.cache_scope is not None else None  # the engine's, shared by its lanes
+        self.scope = request.cache_scope
         self.cancel = request.cancel
         self.cancelled = False  # set by the engine (Engine.cancel)
         self.owner = threading.current_thread()  # the thread that iterates its events
@@ -139,8 +155,10 @@ class Generation:
         self.drafting: Drafting | None = None  # a draft model's draft the engine steps with the others'
         self.n_forced = 0  # of this round's draft, the leading tokens its constraint forced
         self.t_draft = 0.0
-        # this round's lookup proposal (None: lookup off) and the most tokens the request may draft (its room)
+        # this round's free proposal (None: lookup and the cache off), where it came from, and the most tokens the
+        # request may draft (its room)
         self.lookup_proposal: list[int] | None = None
+        self.source = LOOKUP
         self.max_draft = 0
 
     # ----- before the first round ----------------------------------------------------------------------------
@@ -219,33 +237,61 @@ class Generation:
 
     # ----- one round -------------------------------------------------------------------------------------
     def proposal(self, load: Load) -> Proposal:
-        """1. What this round could draft for free, given the others' ``load``: lookup's proposal and the tokens the
-        constraint forces, within the request's room and the decode's."""
+        """1. What this round could draft for free, given the others' ``load``: the likelier of lookup's proposal and
+        the suffix cache's, and the tokens the constraint forces, within the request's room and the decode's."""
         t0 = self.clock()
-        params = self.params
         # The verify always adds one token, so draft at most room - 1.
-        room = params.max_tokens - (len(self.ctx) - self.n_prompt)
+        room = self.params.max_tokens - (len(self.ctx) - self.n_prompt)
         max_len = min(room - 1, self.max_gamma, load.room - 1)
         constraint = self.constraint
-        found: list[int] = []
-        if self.lookup is not None and max_len > 0:
-            # Costs ~nothing, so look first, every round, and let the controller weigh what was found (it also
-            # checks the proposal against what the round commits, drafted or not).
-            found = list(self.lookup.propose(self.ctx, max_len, params, None).tokens)
-            if constraint is not None:  # what the constraint forbids would be rejected for certain
-                found = found[: constraint.valid_prefix(found)]
-        self.lookup_proposal = found if self.lookup is not None else None
+        # Both cost ~nothing, so look first, every round, and let the controller weigh what was found (it also checks
+        # each proposal against what the round commits, drafted or not).
+        found = [f for f in (self._looked_up(max_len), self._cached(max_len)) if f is not None]
+        free = self.controller.offer(found) if found else NOTHING
+        self.lookup_proposal = list(free.tokens) if found else None
+        self.source = free.source
         self.max_draft = max(min(room - 1, self.max_gamma), 0)
-        proposer = self.lookup if found else None  # what it knows of where its proposal came from
         return Proposal(
             t0=t0,
             room=room,
             max_len=max_len,
-            lookup=found,
-            agreement=proposer.last_agreement if proposer is not None else 0,
-            from_prompt=proposer is not None and proposer.last_from_prompt,
+            lookup=list(free.tokens),
+            agreement=free.agreement,
+            from_prompt=free.from_prompt,
             forced=constraint.forced(max_len) if constraint is not None and max_len > 0 else [],
+            source=free.source,
         )
+
+    def _looked_up(self, max_len: int) -> Free | None:
+        """Prompt lookup's proposal from the request's own text (None: lookup is off for it)."""
+        lookup = self.lookup
+        if lookup is None:
+            return None
+        tokens = self._allowed(lookup.propose(self.ctx, max_len, self.params, None).tokens) if max_len > 0 else []
+        return Free(tokens, LOOKUP, lookup.last_agreement, lookup.last_from_prompt) if tokens else NOTHING
+
+    def _cached(self, max_len: int) -> Free | None:
+        """The suffix cache's proposal from earlier outputs of the request's scope (None: no cache for it), ending
+        with the first end-of-generation token it copies, as lookup's does."""
+        if self.cache is None:
+            return None
+        if max_len <= 0:
+            return Free((), CACHE)
+        found = self.cache.propose(self.scope, self.ctx, max_len, min_prob=CACHE_MIN_PROB)
+        tokens = list(found.tokens)
+        for i, token in enumerate(tokens):
+            if self._is_eog(token):
+                del tokens[i + 1 :]
+                break
+        tokens = self._allowed(tokens)
+        return Free(tokens, CACHE, found.match_len) if tokens else Free((), CACHE)
+
+    def _allowed(self, tokens: Sequence[int]) -> list[int]:
+        """``tokens`` up to the first the constraint forbids: that one would be rejected for certain."""
+        constraint = self.constraint
+        if constraint is None:
+            return list(tokens)
+        return list(tokens[: constraint.valid_prefix(list(tokens))])
 
     def start_draft(self, proposal: Proposal, plan: Plan, forced: list[int], defer_model: bool = False) -> None:
         """1. Draft as planned (``forced``: the draft of a plan of forced tokens). ``defer_model``: a draft model's
@@ -364,12 +410,13 @@ class Generation:
             logprobs = tuple(row_logprob(scores, i, t, params.logprobs) for i, t in enumerate(emitted))
             self.logprobs.extend(logprobs)
         n_out = len(ctx) - self.n_prompt  # committed after the prompt, an end-of-generation token included
-        self.tally.add_round(gamma, k, self.t_draft, t_verify, t3 - t2)
+        drafter = self.source if plan.drafter == LOOKUP else plan.drafter  # a free draft: lookup's or the cache's
+        self.tally.add_round(gamma, k, self.t_draft, t_verify, t3 - t2, drafter)
         if plan.drafter == FORCED:
             self.tally.forced += min(k, self.n_forced)
         t_llama = sum(m.busy_seconds for m in self._models) - self._busy_at_start
         self.stats = self.tally.snapshot(
-            self.t_start, t_llama, plan, self.controller, generated=n_out, draft_len=gamma
+            self.t_start, t_llama, plan, self.controller, generated=n_out, draft_len=gamma, drafter=drafter
         )
         if finish is None and n_out >= params.max_tokens:
             # The last chunk carries the text stream's tail as well.
@@ -409,6 +456,7 @@ class Generation:
         elif tail:
             self.events.append(Chunk(tail, (), (), (Span(tail, False),), self.stats))
         stats = replace(self.stats, t_total=self.clock() - self.t_start)
+        self._remember()
         self.events.append(
             Finished(
                 text=self.text.text, tokens=tuple(self.out), finish_reason=finish, stats=stats, stopped_by=stopped_by,
@@ -416,6 +464,11 @@ class Generation:
             )
         )
         self.done = True
+
+    def _remember(self) -> None:
+        """Leave the output, led by the prompt's last tokens, in the suffix cache for later requests of the scope."""
+        if self.cache is not None:
+            self.cache.add(self.scope, self.ctx[max(self.n_prompt - CACHE_LEAD, 0) :])
 
     def fail(self, error: BaseException) -> None:
         self.events.append(error)

@@ -24,7 +24,9 @@ class Tally:
         self.t_draft = self.t_verify = self.t_sample = 0.0
         self.hist = [0] * (max_gamma + 1)  # hist[k]: rounds that accepted k drafts
 
-    def add_round(self, gamma: int, k: int, t_draft: float, t_verify: float, t_sample: float) -> None:
+    def add_round(
+        self, gamma: int, k: int, t_draft: float, t_verify: float, t_sample: float, drafter: str | None = None
+    ) -> None:
         self.rounds += 1
         self.drafted += gamma
         self.accepted += k
@@ -42,7 +44,10 @@ class Tally:
         *,
         generated: int = 0,
         draft_len: int = 0,
+        drafter: str | None = None,
     ) -> Stats:
+        """``drafter``: what drafted the round, where it is not the plan's drafter's name (a free draft from the
+        suffix cache is planned as lookup's)."""
         return Stats(
             prompt_tokens=self.prompt_tokens,
             prefilled_tokens=self.prefilled,
@@ -57,7 +62,7 @@ class Tally:
             t_total=time.perf_counter() - t_start,
             t_llama=t_llama,
             accepted_per_round=tuple(self.hist),
-            drafter=(plan.drafter or "none") if plan is not None else "none",
+            drafter=(drafter or (plan.drafter if plan is not None else None)) or "none",
             draft_len=draft_len,
             decision=plan.reason if plan is not None else "",
             plain_tokens_per_second=controller.plain_tokens_per_second,

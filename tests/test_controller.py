@@ -19,7 +19,7 @@ from edgespec.drafters.controller_sim import (
     simulate,
 )
 from edgespec.drafters.estimates import Acceptance, VerifyCost, expected_tokens
-from edgespec.drafters.plan import LOOKUP, FixedController, Load, Plan
+from edgespec.drafters.plan import CACHE, LOOKUP, FixedController, Free, Load, Plan
 
 # The CPU figures of DESIGN.md, with a little timing noise as a real clock has.
 CPU = replace(CPU_PROFILE, noise=0.05)
@@ -562,3 +562,33 @@ def test_forgetting_costs_keeps_the_evidence_and_takes_new_costs():
     assert ctl.alpha("model") == alpha
     ctl.record_costs({b: 0.02 for b in range(1, 6)}, {"model": 0.002})
     assert ctl.plain_tokens_per_second == pytest.approx(50.0) and ctl.verify_cost.measured(5) == pytest.approx(0.02)
+
+
+# ----- free proposals from two sources ----------------------------------------------------------------------------
+def test_offer_weighs_the_likelier_free_proposal_and_both_forecasts_learn_from_every_round():
+    """Lookup's proposal and the suffix cache's are each checked against the committed tokens by a forecast of their
+    own, whichever is planned: a long cache match starts out likelier than a bare lookup match, and after rounds in
+    which the cache's proposals were wrong and lookup's right, lookup's is the one planned."""
+    ctl = Controller([LOOKUP], max_gamma=4, cache=True)
+    ctl.record_costs({b: 0.01 * (1 + 0.1 * b) for b in range(1, 6)}, {})
+    lookup, cached = Free([1, 2, 3], LOOKUP, agreement=0), Free([7, 8, 9], CACHE, agreement=32)
+    assert ctl.offer([lookup, cached]) == cached
+    plan = ctl.plan(cached.tokens, agreement=32)
+    assert plan.drafter == LOOKUP and plan.reason.startswith("cache γ=3")  # a free draft, priced by the cache's
+    ctl.observe(plan, n_drafted=3, n_accepted=0, t_draft=0.0, t_verify=0.013, committed=[1])
+    for _ in range(40):
+        ctl.offer([lookup, cached])
+        ctl.plan(lookup.tokens)
+        ctl.observe(Plan(None, 0), n_drafted=0, n_accepted=0, t_draft=0.0, t_verify=0.011, committed=[1, 2, 3])
+    assert ctl.offer([lookup, cached]) == lookup
+    # Nothing found by either: the first given (lookup's empty proposal), and nothing to draft.
+    assert ctl.offer([Free([], LOOKUP), Free([], CACHE)]).tokens == []
+    assert ctl.plan([]).drafter is None
+
+
+def test_a_fixed_draft_length_drafts_the_longer_free_proposal():
+    fixed = FixedController(LOOKUP, 4)
+    lookup, cached = Free([1, 2], LOOKUP), Free([7, 8, 9], CACHE, agreement=3)
+    assert fixed.offer([lookup, cached]) == cached
+    assert fixed.offer([Free([1, 2, 3], LOOKUP), cached]).source == LOOKUP  # a tie: the first given
+    assert fixed.offer([]).tokens == ()

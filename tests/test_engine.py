@@ -16,6 +16,7 @@ from exact_reference import output_checks, reference_penalize, reference_warp
 from fakes import EOS, FakeModel
 from stat_tools import Check, worst
 
+from edgespec.drafters.suffix_cache import SuffixCache
 from edgespec.engine import Engine
 from edgespec.errors import ContextOverflowError, EdgespecError, InvalidParameterError
 from edgespec.events import Chunk, Finished
@@ -437,6 +438,87 @@ def test_a_fixed_draft_length_needs_a_drafter_and_does_not_outlive_its_request()
     engine.set_draft_len("auto")  # the server sets each request's own; a wide one must not shrink the next's room
     assert engine.headroom == engine.max_gamma == 16
     run(engine, params=SamplingParams(temperature=0, max_tokens=256 - len(PROMPT) - 16))
+
+
+# ----- the suffix cache ----------------------------------------------------------------------------------------------
+CACHED_PROMPT = [3, 5, 7, 9, 11, 13]  # no bigram twice: prompt lookup has nothing to copy at first
+
+
+def cached_engine(draft_len: int | str = 4, cache: SuffixCache | None = None, **kwargs) -> tuple[FakeModel, Engine]:
+    target = FakeModel(n_vocab=40, eos_bias=-9, **kwargs)
+    cache = SuffixCache() if cache is None else cache
+    return target, Engine(target, None, draft_len=draft_len, lookup=True, suffix_cache=cache, cache_scope="me")
+
+
+def cache_rounds(chunks: list[Chunk]) -> int:
+    return sum(c.stats.drafter == "cache" for c in chunks)
+
+
+@pytest.mark.parametrize("draft_len", [4, "auto"])
+def test_a_request_drafts_from_an_earlier_ones_output_and_stays_exact(draft_len) -> None:
+    # Decodes that cost what a small model's do (a sleep), so that auto prices its rounds as on a real model.
+    target, engine = cached_engine(draft_len, delay=0.002 if draft_len == "auto" else 0.0)
+    params = SamplingParams(temperature=0, max_tokens=30)
+    first, done = run(engine, CACHED_PROMPT, params)
+    assert cache_rounds(first) == 0 and engine.suffix_cache.tokens == 6 + 30  # the output, led by the (short) prompt
+    again, again_done = run(engine, CACHED_PROMPT, params)
+    assert list(done.tokens) == list(again_done.tokens) == plain_greedy(CACHED_PROMPT, 30, target)
+    assert cache_rounds(again) >= 2 and again_done.stats.rounds <= done.stats.rounds // 3
+    assert again_done.stats.accepted == again_done.stats.drafted  # the same text, drafted from the first reply
+
+
+def test_a_scope_drafts_only_from_its_own_outputs() -> None:
+    _, engine = cached_engine()
+    params = SamplingParams(temperature=0, max_tokens=30)
+    run(engine, CACHED_PROMPT, params)
+    other, _ = run_in(engine, "someone else", params)
+    assert cache_rounds(other) == 0
+    mine, _ = run_in(engine, "me", params)
+    assert cache_rounds(mine) >= 3
+
+
+def run_in(engine: Engine, scope, params: SamplingParams, prompt=CACHED_PROMPT) -> tuple[list[Chunk], Finished]:
+    events = list(engine.stream(prompt, params, cache_scope=scope))
+    return events[:-1], events[-1]
+
+
+def test_a_request_without_a_scope_neither_drafts_from_the_cache_nor_joins_it() -> None:
+    _, engine = cached_engine()
+    params = SamplingParams(temperature=0, max_tokens=30)
+    for _ in range(2):
+        chunks, _ = run_in(engine, None, params)
+        assert cache_rounds(chunks) == 0
+    assert engine.suffix_cache.tokens == 0
+    plain = Engine(FakeModel(n_vocab=40, eos_bias=-9), None, draft_len=4, lookup=True)  # no cache at all
+    assert plain.suffix_cache is None
+    assert cache_rounds(run(plain, CACHED_PROMPT, params)[0] + run(plain, CACHED_PROMPT, params)[0]) == 0
+
+
+def test_the_engines_cache_stays_within_its_bound() -> None:
+    cache = SuffixCache(max_tokens=100)
+    _, engine = cached_engine(cache=cache)
+    rng = np.random.default_rng(5)
+    for _ in range(30):
+        prompt = [int(t) for t in rng.integers(1, 40, size=6)]
+        run(engine, prompt, SamplingParams(temperature=0, max_tokens=int(rng.integers(5, 40))))
+        assert cache.tokens <= 100
+    assert 2 <= len(cache) < 30  # the oldest went, whole
+
+
+def test_a_request_drafts_from_an_output_written_on_another_lane() -> None:
+    target = FakeModel(n_vocab=40, eos_bias=-9, n_seq=2)
+    engine = Engine(target, None, draft_len=4, lookup=True, parallel=2, suffix_cache=SuffixCache(), cache_scope="me")
+    params = SamplingParams(temperature=0, max_tokens=30)
+    hold = engine.stream([2, 4, 6, 8], SamplingParams(temperature=0, max_tokens=60))
+    next(hold)  # lane 0
+    *_, done = engine.stream(CACHED_PROMPT, params)  # lane 1
+    for _ in hold:
+        pass
+    # The fake's next token depends on the last two tokens (and the length's parity): the same reply, after a prompt
+    # that shares no prefix with either lane's KV, so it takes the first free lane, 0.
+    chunks, again = run_in(engine, "me", params, [1, *CACHED_PROMPT[1:]])
+    assert target.kv_tokens[0] == 1 and list(again.tokens) == list(done.tokens)
+    assert cache_rounds(chunks) >= 3
 
 
 class _GraphRebuildingFake(FakeModel):

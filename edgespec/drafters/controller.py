@@ -14,7 +14,9 @@ Prompt lookup needs no exploration: it costs nothing to ask and is deterministic
 against the committed tokens every round, drafted or not, and its estimate is not one α but the chance that the first
 k proposed tokens are all accepted, by how firmly the proposal is anchored (:mod:`edgespec.drafters.lookup_forecast`).
 On a CPU, where a verify of b tokens costs ~b single steps, a long draft pays only where acceptance is near 1, and
-this is what tells those rounds apart.
+this is what tells those rounds apart. The suffix cache's proposals (earlier requests' outputs) are free and
+deterministic too, and get a forecast of their own, kept the same way with the match length as the anchor; each
+round the likelier of the two proposals is the one planned (:meth:`Controller.offer`).
 
 A decode whose width differs from the last one's pays for a new compute graph (llama.cpp reuses a graph only for a
 batch of the same shape): ``switch`` seconds, measured by the engine's calibration. A round that leaves plain
@@ -46,7 +48,18 @@ from itertools import accumulate
 
 from edgespec.drafters.estimates import Acceptance, DecayedRatio, VerifyCost, expected_tokens
 from edgespec.drafters.lookup_forecast import DEFAULT_FORECAST, ForecastConfig, LookupForecast
-from edgespec.drafters.plan import LOOKUP, NO_LOAD, DecodeSeconds, Load, Plan, SettledPlan, load_key
+from edgespec.drafters.plan import (
+    CACHE,
+    LOOKUP,
+    NO_LOAD,
+    NOTHING,
+    DecodeSeconds,
+    Free,
+    Load,
+    Plan,
+    SettledPlan,
+    load_key,
+)
 
 
 @dataclass(frozen=True)
@@ -100,7 +113,8 @@ class Controller:
     """Adaptive choice of drafter and γ per round from measured acceptance and costs (see the module doc).
 
     ``drafters`` names the available drafters; the one named ``"lookup"`` can only draft what :meth:`plan` is
-    given as its proposal, and costs nothing (the engine asks it every round anyway). Any other (``"model"``) is
+    given as its proposal, and costs nothing (the engine asks it every round anyway). ``cache``: proposals may also
+    come from a suffix cache (:meth:`offer`), which then keeps a forecast of its own. Any other (``"model"``) is
     weighed at no cost until its cost is measured (the engine's calibration measures it), so the first plan that
     weighs it tries it.
 
@@ -120,6 +134,7 @@ class Controller:
         config: ControllerConfig = DEFAULT_CONTROLLER,
         verify_cost: VerifyCost | None = None,
         plan_budget: float | None = None,
+        cache: bool = False,
     ) -> None:
         if max_gamma < 1:
             raise ValueError("max_gamma must be >= 1")
@@ -146,6 +161,12 @@ class Controller:
             if d != LOOKUP
         }
         self._lookup = LookupForecast(max_gamma, config.forecast) if LOOKUP in self.drafters else None
+        # The cache's proposals are checked like lookup's, in a forecast of their own: the match length that anchors
+        # them says other things than lookup's agreement does (see docs/design.md).
+        self._cache = LookupForecast(max_gamma, config.forecast) if cache and self._lookup is not None else None
+        self._free = self._lookup  # the forecast of the free proposal this round's plan weighs (see offer)
+        self._free_source = LOOKUP
+        self._offered = False  # offer() was called for this round's plan
         self._last_rows = 1  # the rows this sequence put into the last decode (its width, for a lone sequence)
         self.plan_budget = plan_budget
         self._plan_seconds = DecayedRatio(config.cost_decay)  # what a plan (worked out, not reused) takes here
@@ -169,9 +190,11 @@ class Controller:
         has to catch up (a draft model prefills lazily), charged like the tokens of rounds it sat out."""
         for name, st in self._state.items():
             st.gap = (behind or {}).get(name, 0)
-        if self._lookup is not None:
-            self._lookup.reset()
+        for forecast in (self._lookup, self._cache):
+            if forecast is not None:
+                forecast.reset()
         self._settled = None
+        self._offered = False
         self._last_rows = 1  # a new request's first decode is its prompt's: a width of its own
 
     def record_costs(
@@ -208,18 +231,37 @@ class Controller:
         self._settled = None
 
     def alpha(self, drafter: str) -> float:
-        """The acceptance estimate of ``drafter``'s next drafted token (lookup: of its current proposal's first)."""
-        if drafter == LOOKUP and self._lookup is not None:
-            first = self._lookup.survival(1)
+        """The acceptance estimate of ``drafter``'s next drafted token (lookup: the current free proposal's first)."""
+        if drafter == LOOKUP and self._free is not None:
+            first = self._free.survival(1)
             return float(first[0]) if len(first) else 0.0
         return self._state[drafter].acceptance.alpha
 
     def lookup_expected(self, max_len: int) -> list[float]:
         """``E[γ]`` for γ = 0..max_len: the tokens a round is expected to commit if it drafts the first γ tokens of
-        lookup's current proposal (the one given to the last :meth:`plan`), past its end tokens sure to be rejected."""
-        survival = self._lookup.survival(max_len) if self._lookup is not None else []
+        the current free proposal (the one given to the last :meth:`plan`), past its end tokens sure to be
+        rejected."""
+        survival = self._free.survival(max_len) if self._free is not None else []
         expected = [1.0, *(1.0 + s for s in accumulate(survival))]
         return expected + [expected[-1]] * (max_len + 1 - len(expected))
+
+    def offer(self, found: Sequence[Free]) -> Free:
+        """This round's free proposals (prompt lookup's, the suffix cache's), before its :meth:`plan`: each is offered
+        to its own source's forecast, which checks it against the tokens the round commits whichever is planned, so
+        neither source ever needs exploring. Returns the likelier, by the forecasts' expected accepted tokens (the
+        first given on a tie), which the plan then weighs."""
+        best, most = NOTHING, -1.0
+        for free in found:
+            forecast = self._cache if free.source == CACHE else self._lookup
+            if forecast is None:
+                continue
+            forecast.offer(free.tokens, free.agreement, free.from_prompt)
+            expected = sum(forecast.survival(len(free.tokens)))
+            if expected > most:
+                best, most = free, expected
+                self._free, self._free_source = forecast, free.source
+        self._offered = True
+        return best
 
     @property
     def verify_cost(self) -> VerifyCost:
@@ -234,7 +276,8 @@ class Controller:
         agreement: int = 0,
         from_prompt: bool = False,
     ) -> Plan:
-        """``lookup``: what the lookup drafter proposes at this position (it is checked whatever the plan);
+        """``lookup``: the free proposal at this position (it is checked whatever the plan): the one :meth:`offer`
+        returned, or, where this round had no offer, lookup's, offered here;
         ``agreement``: how firmly it is anchored (:attr:`~edgespec.drafters.lookup.LookupDrafter.last_agreement`);
         ``from_prompt``: its n-gram occurred once before, in the prompt
         (:attr:`~edgespec.drafters.lookup.LookupDrafter.last_from_prompt`).
@@ -263,13 +306,15 @@ class Controller:
     def _plan_round(
         self, lookup: Sequence[int], load: Load, remaining: int | None, agreement: int, from_prompt: bool, t0: float
     ) -> Plan:
-        offered = (-1, 0)
-        if self._lookup is not None:
+        if not self._offered and self._lookup is not None:  # (a replay that has lookup alone)
             self._lookup.offer(lookup, agreement, from_prompt)
-            offered = self._lookup.offered
+            self._free, self._free_source = self._lookup, LOOKUP
+        self._offered = False
+        offered = self._free.offered if self._free is not None else (-1, 0)
+        source = self._free_source
         settled = self._settled
         if settled is not None:
-            if settled.rounds > 0 and settled.turned_down(offered) and settled.holds(load):
+            if settled.rounds > 0 and settled.turned_down(offered, source) and settled.holds(load):
                 settled.rounds -= 1
                 self.plans_reused += 1
                 return settled.plan
@@ -285,7 +330,7 @@ class Controller:
         shared = bool(load.sequences)
         if plan.drafter is None and rounds > 0 and (shared or offered == (-1, 0)):
             slack = self.config.settled_slack * (self._verify.measured(1) or 0.0)
-            self._settled = SettledPlan(plan, load_key(load), load.seconds, slack, rounds, offered)
+            self._settled = SettledPlan(plan, load_key(load), load.seconds, slack, rounds, offered, source)
         return plan
 
     def _reuse(self) -> int:
@@ -349,8 +394,9 @@ class Controller:
         self._last_rows = n_drafted + 1
         if n_drafted:
             self._settled = None  # a drafter's evidence moved
-        if self._lookup is not None:
-            self._lookup.commit(committed)
+        for forecast in (self._lookup, self._cache):
+            if forecast is not None:
+                forecast.commit(committed)
         used = plan.drafter
         st = self._state.get(used) if used is not None else None
         if st is not None:
@@ -427,8 +473,8 @@ class Controller:
         allowed = 0.0  # the part of the catch-up the allowance covers, spread over the tokens left
         survival: list[float] | None = None
         if drafter == LOOKUP:  # checked every round, so it never sits out and has nothing to catch up
-            assert self._lookup is not None
-            survival = self._lookup.survival(gammas[-1])
+            assert self._free is not None
+            survival = self._free.survival(gammas[-1])
             # E[tokens] = the target's own token + each drafted token's chance to be reached and accepted.
             expected: Callable[[int], float] = [1.0, *(1.0 + s for s in accumulate(survival))].__getitem__
         else:
@@ -497,12 +543,13 @@ class Controller:
 
     def _describe(self, option: _Option, plain: _Option | None) -> str:
         assert option.drafter is not None
-        head = f"{option.drafter} γ={option.gamma}"
+        name = self._free_source if option.drafter == LOOKUP else option.drafter
+        head = f"{name} γ={option.gamma}"
         if self._draft_cost(option.drafter) is None:
             return f"{head}: measuring its cost"
         if option.drafter == LOOKUP:
-            assert self._lookup is not None
-            p_all = option.p_all if option.p_all is not None else self._lookup.survival(option.gamma)[-1]
+            assert self._free is not None
+            p_all = option.p_all if option.p_all is not None else self._free.survival(option.gamma)[-1]
             odds = f"P(all)={p_all:.2f}"
         else:
             odds = f"α={self._state[option.drafter].acceptance.alpha:.2f}"

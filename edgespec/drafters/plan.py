@@ -1,8 +1,10 @@
 """What a round is planned as, what it is planned against, and what plans it.
 
-A :class:`Plan` is one round's drafter and γ; a :class:`Load` is what the other sequences put into the same
-target decode; a :class:`SettledPlan` is a plain plan that stands while the load it was made against holds. A
-:class:`RoundController` turns a proposal and a load into a plan and learns from what the round did.
+A :class:`Plan` is one round's drafter and γ; a :class:`Free` is a proposal made without running a model (prompt
+lookup's or the suffix cache's); a :class:`Load` is what the other sequences put into the same target decode; a
+:class:`SettledPlan` is a plain plan that stands while the load it was made against holds. A
+:class:`RoundController` chooses among the free proposals, turns one and a load into a plan and learns from what
+the round did.
 :class:`FixedController` is the one that always plans the same (``--draft-len G``); the adaptive one is
 :class:`~edgespec.drafters.controller.Controller`.
 """
@@ -17,6 +19,9 @@ from typing import Protocol
 from edgespec.drafters.estimates import DecayedRatio
 
 LOOKUP = "lookup"  # the drafter whose proposal is given to plan() (it is computed first, every round)
+# A free proposal's other source: the suffix cache of earlier requests. It is planned as LOOKUP (a Plan's drafter is
+# never CACHE): both cost nothing to make and are one-hot drafts, so the planner has one path for free drafts.
+CACHE = "cache"
 
 
 @dataclass(frozen=True)
@@ -30,6 +35,19 @@ class Plan:
     def __post_init__(self) -> None:
         if self.gamma < 0 or (self.drafter is None) != (self.gamma == 0):
             raise ValueError(f"a plan drafts (drafter set, gamma > 0) or not (None, 0); got {self!r}")
+
+
+@dataclass(frozen=True)
+class Free:
+    """A proposal made every round without running a model, and what its forecast reads of where it came from."""
+
+    tokens: Sequence[int]  # d_1 .. d_k (empty: nothing found)
+    source: str = LOOKUP  # LOOKUP (the request's own text) or CACHE (earlier requests' outputs)
+    agreement: int = 0  # how firmly it is anchored: lookup's last_agreement, the cache's match length
+    from_prompt: bool = False  # lookup's last_from_prompt
+
+
+NOTHING = Free(())
 
 
 @dataclass(frozen=True)
@@ -80,8 +98,9 @@ NO_LOAD = Load()
 @dataclass
 class SettledPlan:
     """A plain plan that stands for the next ``rounds`` rounds while what it was made from holds: the load (as
-    :func:`load_key`, and the others' drafting seconds within ``slack`` of ``seconds``), lookup's proposal no firmer
-    than the one it turned down (``offered``: its agreement bucket and length, (-1, 0) for none)."""
+    :func:`load_key`, and the others' drafting seconds within ``slack`` of ``seconds``), the free proposal no firmer
+    than the one it turned down (``offered``: its agreement bucket and length, (-1, 0) for none; ``source``: where it
+    came from)."""
 
     plan: Plan
     load: tuple[float, ...]
@@ -89,11 +108,15 @@ class SettledPlan:
     slack: float
     rounds: int
     offered: tuple[int, int] = (-1, 0)
+    source: str = LOOKUP
 
-    def turned_down(self, offered: tuple[int, int]) -> bool:
+    def turned_down(self, offered: tuple[int, int], source: str = LOOKUP) -> bool:
         """Whether a proposal in this (bucket, length) is one the plan already turned down: no better anchored and no
-        longer. (A copy getting under way raises its agreement every round, and is planned for anew.)"""
-        return offered == (-1, 0) or (offered[0] <= self.offered[0] and offered[1] <= self.offered[1])
+        longer, from the same source (the buckets of two sources' forecasts say different things). (A copy getting
+        under way raises its agreement every round, and is planned for anew.)"""
+        if offered == (-1, 0):
+            return True
+        return source == self.source and offered[0] <= self.offered[0] and offered[1] <= self.offered[1]
 
     def holds(self, load: Load) -> bool:
         # The others' seconds are their drafts' expected costs, and a draft model's per-token cost moves with every
@@ -128,6 +151,8 @@ class RoundController(Protocol):
     """What the engine needs from :class:`~edgespec.drafters.controller.Controller` and :class:`FixedController`."""
 
     max_gamma: int
+
+    def offer(self, found: Sequence[Free]) -> Free: ...
 
     def plan(
         self,
@@ -187,6 +212,10 @@ class FixedController:
     def plain_tokens_per_second(self) -> float:
         c1 = self._plain.value
         return 1.0 / c1 if c1 else 0.0
+
+    def offer(self, found: Sequence[Free]) -> Free:
+        """The longest of the free proposals (the first given on a tie): a fixed γ drafts as far as one goes."""
+        return max(found, key=lambda free: len(free.tokens), default=NOTHING)
 
     def start_request(self, behind: Mapping[str, int] | None = None) -> None:
         """A fixed plan keeps no per-drafter state that a new request would change."""
