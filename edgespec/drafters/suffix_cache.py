@@ -37,9 +37,11 @@ and the array drops them once they are half of it.
 
 **Costs.** Inserting an entry of L tokens: per indexed length, hashing, a stable sort of its buckets and two
 scatters, O(L log L) in numpy (the log over one entry only), plus amortised O(1) a token for growing or shrinking
-the arrays and tables; evicting an entry is O(1) plus the same amortised moves. A query: O(window) chain steps in
-Python at the longest length found, O(window · max_match) vectorised to verify, O(max_len) numpy steps of
-O(window) to walk: independent of how many tokens the cache holds.
+the arrays and tables; evicting an entry is O(1) plus the same amortised moves. A query: 31 multiplications to hash
+the tail, O(window) chain steps in Python at the longest length found, O(window · max_match) to verify, O(max_len ·
+window) to walk: independent of how many tokens the cache holds. A query runs every round of a request that has a
+scope, so the few occurrences that are the rule are verified and walked in plain Python (a numpy call costs more
+than comparing a few tokens), the many in numpy.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from __future__ import annotations
 import json
 import os
 import zipfile
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -280,7 +282,7 @@ class SuffixCache:
         s = self._scopes.get(scope)
         if s is None or max_len < 1:
             return EMPTY
-        tail = np.asarray(context[-self.max_match :], dtype=np.int64)
+        tail = [int(t) for t in context[-self.max_match :]]
         if len(tail) < LEVELS[0]:
             return EMPTY
         keys = _tail_hashes(tail)
@@ -288,11 +290,11 @@ class SuffixCache:
             found = s.occurrences(j, keys[j], self.window)
             if not found:
                 continue
-            occ = np.array(found, dtype=np.int64)
-            agree = _agreement(s.buf, occ, tail)
-            best = int(agree.max())
+            agree = _agreement(s.buf, found, tail)
+            best = max(agree)
             if best >= LEVELS[j]:  # (else only other n-grams share the bucket: a shorter one is tried)
-                return _walk(s.buf, occ[agree == best], best, max_len, min_prob)
+                occ = [p for p, a in zip(found, agree, strict=True) if a == best]
+                return _walk(s.buf, occ, best, max_len, min_prob)
         return EMPTY
 
     # ----- persistence -----------------------------------------------------------------------------------------
@@ -362,10 +364,15 @@ class SuffixCache:
 
 # ----- the pieces ------------------------------------------------------------------------------------------------
 # Hashes of n-grams by doubling: h_1 from the token, h_2n(i) = h_n(i - n) * P_n + h_n(i) (mod 2**64, numpy wraps),
-# so every indexed length is a few vectorised operations over an entry, and a query's the same over its tail.
-_MIX = np.uint64(0x9E3779B97F4A7C15)
-_STEP = {1: np.uint64(0xC2B2AE3D27D4EB4F), 2: np.uint64(0x165667B19E3779F9), 4: np.uint64(0xD6E8FEB86659FD93),
-         8: np.uint64(0xFF51AFD7ED558CCD)}  # fmt: skip
+# so every indexed length is a few vectorised operations over an entry; a query does the same over its tail in
+# Python ints (a few tokens, where each numpy call costs more than the arithmetic).
+_MASK = (1 << 64) - 1
+_MIX_INT = 0x9E3779B97F4A7C15
+_STEP_INT = {1: 0xC2B2AE3D27D4EB4F, 2: 0x165667B19E3779F9, 4: 0xD6E8FEB86659FD93, 8: 0xFF51AFD7ED558CCD}
+_MIX = np.uint64(_MIX_INT)
+_STEP = {n: np.uint64(step) for n, step in _STEP_INT.items()}
+# Occurrences a query compares with the context in plain Python; past these, vectorised (as a walk's, _FEW).
+_FEW_TO_AGREE = 8
 
 
 def _ngram_hashes(tokens: np.ndarray) -> list[np.ndarray]:
@@ -382,25 +389,48 @@ def _ngram_hashes(tokens: np.ndarray) -> list[np.ndarray]:
     return out
 
 
-def _tail_hashes(tail: np.ndarray) -> list[int]:
-    """The hash of the last n tokens of ``tail`` for each length n in LEVELS that it is long enough for."""
-    return [int(h[-1]) for h, n in zip(_ngram_hashes(tail[-LEVELS[-1] :]), LEVELS, strict=True) if len(tail) >= n]
+def _tail_hashes(tail: list[int]) -> list[int]:
+    """The hash of the last n tokens of ``tail`` for each length n in LEVELS that it is long enough for: what
+    :func:`_ngram_hashes` gives at the tail's last position, doubling only the hashes that lead to it (those at the
+    last position and every n-th before it)."""
+    h = [((t + 1) * _MIX_INT) & _MASK for t in reversed(tail[-LEVELS[-1] :])]  # h_1 at the last, the one before, ...
+    out = []
+    n = 1
+    while len(h) >= 2:
+        step = _STEP_INT[n]
+        h = [(h[k + 1] * step + h[k]) & _MASK for k in range(0, len(h) - 1, 2)]  # h_2n at the last, 2n before, ...
+        n *= 2
+        if n in LEVELS:
+            out.append(h[0])
+    return out
 
 
-def _agreement(buf: np.ndarray, occ: np.ndarray, tail: np.ndarray) -> np.ndarray:
+def _agreement(buf: np.ndarray, occ: list[int], tail: list[int]) -> list[int]:
     """For each position in ``occ``, how many tokens before it equal the tail's last ones (at most len(tail))."""
-    back = np.arange(1, len(tail) + 1)
-    idx = np.maximum(occ[:, None] - back[None, :], 0)  # past a mismatch (a sentinel at the latest) it does not matter
-    eq = buf[idx] == tail[::-1][None, :]  # [occurrences, len(tail)]
-    return np.where(eq.all(axis=1), len(tail), eq.argmin(axis=1))
+    n = len(tail)
+    if len(occ) <= _FEW_TO_AGREE:
+        back = tail[::-1]
+        out = []
+        for p in occ:
+            before = buf[max(p - n, 0) : p].tolist()[::-1]  # (buf[0] is a sentinel: a match stops there)
+            k = 0
+            while k < len(before) and before[k] == back[k]:
+                k += 1
+            out.append(k)
+        return out
+    at = np.array(occ, dtype=np.int64)
+    idx = np.maximum(at[:, None] - np.arange(1, n + 1)[None, :], 0)  # past a mismatch (a sentinel at the latest)
+    eq = buf[idx] == np.array(tail[::-1])[None, :]  # [occurrences, len(tail)]: it does not matter
+    return np.where(eq.all(axis=1), n, eq.argmin(axis=1)).tolist()
 
 
-def _walk(buf: np.ndarray, occ: np.ndarray, match_len: int, max_len: int, min_prob: float) -> CacheProposal:
-    """Follow the most frequent continuation of the occurrences ``occ`` (ascending positions): a numpy step while
+def _walk(buf: np.ndarray, found: list[int], match_len: int, max_len: int, min_prob: float) -> CacheProposal:
+    """Follow the most frequent continuation of the occurrences ``found`` (ascending positions): a numpy step while
     they are many, then plain Python over their next tokens (a numpy call costs more than a few dict updates)."""
     tokens: list[int] = []
     probs: list[float] = []
     support: list[int] = []
+    occ = np.array(found, dtype=np.int64) if len(found) > _FEW else found
     while len(tokens) < max_len and len(occ) > _FEW:
         nxt = buf[occ]
         going = nxt[nxt != _SENTINEL]
@@ -415,24 +445,38 @@ def _walk(buf: np.ndarray, occ: np.ndarray, match_len: int, max_len: int, min_pr
         occ = occ[nxt == token] + 1
     else:
         if len(tokens) < max_len and len(occ):
-            # The next tokens of each occurrence (past the array's end: its sentinels; a row ends at its first).
-            ahead = np.minimum(occ[:, None] + np.arange(max_len - len(tokens))[None, :], len(buf) - 1)
-            rows = buf[ahead].tolist()
-            for k in range(len(rows[0])):
-                counts: dict[int, int] = {}
-                last: dict[int, int] = {}
-                for i, row in enumerate(rows):
-                    if row[k] != _SENTINEL:
-                        counts[row[k]] = counts.get(row[k], 0) + 1
-                        last[row[k]] = i
-                if not counts:
-                    break
-                top = max(counts.values())
-                token = max((t for t, c in counts.items() if c == top), key=last.__getitem__)
-                if not _take(token, top, len(rows), min_prob, tokens, probs, support):
-                    break
-                rows = [row for row in rows if row[k] == token]
+            # The next tokens of each occurrence (a row ends at its first sentinel, or the array's end).
+            want = max_len - len(tokens)
+            rows = [buf[p : p + want].tolist() for p in (occ.tolist() if isinstance(occ, np.ndarray) else occ)]
+            _walk_rows(rows, min_prob, tokens, probs, support)
     return CacheProposal(tuple(tokens), tuple(probs), tuple(support), match_len)
+
+
+def _walk_rows(
+    rows: list[list[int]], min_prob: float, tokens: list[int], probs: list[float], support: list[int]
+) -> None:
+    """The walk over each occurrence's next tokens (``rows``, ascending positions), in plain Python."""
+    if len(rows) == 1:  # a plain copy, up to the end of its entry
+        row = rows[0]
+        row = row[: row.index(_SENTINEL)] if _SENTINEL in row else row
+        tokens += row
+        probs += [1.0] * len(row)
+        support += [1] * len(row)
+        return
+    for k in range(len(rows[0])):
+        going = [row[k] for row in rows if k < len(row) and row[k] != _SENTINEL]  # (a row ends at the array's end)
+        if not going:
+            return
+        token = going[-1]
+        top = going.count(token)
+        if top < len(going):  # the occurrences went different ways: the most frequent, the latest's on a tie
+            counts = Counter(going)
+            top = max(counts.values())
+            token = next(t for t in reversed(going) if counts[t] == top)
+        if not _take(token, top, len(rows), min_prob, tokens, probs, support):
+            return
+        if top < len(rows):
+            rows = [row for row in rows if k < len(row) and row[k] == token]
 
 
 def _take(
