@@ -10,13 +10,15 @@ CLI, TUI and bench are thin clients of :class:`Runtime`.
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from edgespec.calibrate import CostCache
-from edgespec.engine import MAX_PARALLEL, Engine
+from edgespec.drafters.suffix_cache import DEFAULT_MAX_TOKENS, SuffixCache, SuffixCacheFileError
+from edgespec.engine import ENGINE_SCOPE, MAX_PARALLEL, Engine
 from edgespec.errors import EdgespecError, InvalidParameterError
 from edgespec.events import Chunk, Event, Finished
 from edgespec.models.backend import Model, auto_gpu_layers, gpu_offload_supported
@@ -26,6 +28,14 @@ from edgespec.sampling import SamplingParams
 from edgespec.tools import template_tool_calls
 
 __all__ = ["Chunk", "Event", "Finished", "ModelInfo", "Runtime", "SamplingParams", "load"]
+
+log = logging.getLogger(__name__)
+
+# What a runtime's suffix cache drafts from (load's suffix_cache; `edgespec serve --suffix-cache`): "global", every
+# earlier request's output; "key", only those of requests given the same cache_scope (a request given none leaves
+# the cache alone); "off", none.
+SUFFIX_CACHE_MODES = ("global", "key", "off")
+GLOBAL_SCOPE = "global"  # the one scope of a runtime in "global" mode
 
 
 @dataclass(frozen=True)
@@ -64,9 +74,15 @@ class Runtime:
     parallel_note: str | None = None  # when fewer requests at once were loaded than asked for: why
 
     def __init__(
-        self, engine: Engine, *, target_name: str | None = None, draft_name: str | None = None
+        self,
+        engine: Engine,
+        *,
+        target_name: str | None = None,
+        draft_name: str | None = None,
+        suffix_cache_file: SuffixCacheFile | None = None,
     ) -> None:
         self.engine = engine
+        self.suffix_cache_file = suffix_cache_file  # where the engine's suffix cache is saved on close
         self.target = _info(engine.target, target_name or engine.target.name)
         self.draft = (
             _info(engine.draft_model, draft_name or engine.draft_model.name) if engine.draft_model else None
@@ -83,6 +99,7 @@ class Runtime:
         draft_len: int | str | None = None,
         lookup: bool | None = None,
         cache_prompt: bool = True,
+        cache_scope: Hashable | None = ENGINE_SCOPE,
     ) -> Iterator[Event]:
         """Yield :class:`Chunk` events as tokens are committed, then one :class:`Finished`.
 
@@ -92,13 +109,17 @@ class Runtime:
         N requests in the same decodes, and the rest wait their turn. ``draft_len`` and ``lookup`` override
         :meth:`set_draft_len` and :meth:`set_lookup` for this request only. ``cache_prompt=False`` decodes the whole
         prompt again even where the KV cache already holds part of it (llama-server's ``cache_prompt``).
+        ``cache_scope``: which earlier outputs this request may draft from in the suffix cache, and joins when it
+        ends (any str, int or tuple of them; None: none); not given, the runtime's one scope (``suffix_cache="global"``)
+        or none (``"key"``).
         """
         params = params or SamplingParams()
         tokens = self.engine.target.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         self._cancel = cancel or threading.Event()
         return self.engine.stream(
-            tokens, params, cancel=self._cancel, draft_len=draft_len, lookup=lookup, cache_prompt=cache_prompt
-        )
+            tokens, params, cancel=self._cancel, draft_len=draft_len, lookup=lookup, cache_prompt=cache_prompt,
+            cache_scope=cache_scope,
+        )  # fmt: skip
 
     def generate(
         self,
@@ -107,9 +128,11 @@ class Runtime:
         *,
         cancel: threading.Event | None = None,
         on_chunk: Callable[[Chunk], None] | None = None,
+        cache_scope: Hashable | None = ENGINE_SCOPE,
     ) -> Finished:
-        """Run to the end and return the :class:`Finished` event (text, tokens, stats)."""
-        return _drain(self.stream(prompt, params, cancel=cancel), on_chunk)
+        """Run to the end and return the :class:`Finished` event (text, tokens, stats); ``cache_scope`` as for
+        :meth:`stream`."""
+        return _drain(self.stream(prompt, params, cancel=cancel, cache_scope=cache_scope), on_chunk)
 
     def generate_many(
         self,
@@ -151,6 +174,7 @@ class Runtime:
         *,
         cancel: threading.Event | None = None,
         tools: Sequence[dict] | None = None,
+        cache_scope: Hashable | None = ENGINE_SCOPE,
     ) -> Iterator[Event]:
         """Stream the assistant's reply to ``messages`` (dicts with ``role`` and ``content``). ``tools`` (OpenAI's
         shape) go to the model's chat template; :func:`edgespec.tools.parse_calls` reads calls out of the reply and
@@ -158,8 +182,9 @@ class Runtime:
 
         The whole conversation is rendered with the model's chat template each turn, but only the tokens after
         the longest prefix already in the KV caches are decoded: a new turn costs its new tokens, not the history.
+        ``cache_scope`` as for :meth:`stream`.
         """
-        return self.stream(self.render_chat(messages, tools), params, cancel=cancel)
+        return self.stream(self.render_chat(messages, tools), params, cancel=cancel, cache_scope=cache_scope)
 
     def render_chat(self, messages: Sequence[dict], tools: Sequence[dict] | None = None) -> list[int]:
         """``messages`` in the model's chat template, tokenized; ``tools`` (OpenAI's shape) go to the template."""
@@ -214,6 +239,8 @@ class Runtime:
         return self.engine.lookup
 
     def close(self) -> None:
+        if self.suffix_cache_file is not None and self.engine.suffix_cache is not None:
+            self.suffix_cache_file.save(self.engine.suffix_cache)
         self.engine.target.close()
         if self.engine.draft_model is not None:
             self.engine.draft_model.close()
@@ -237,6 +264,55 @@ def _drain(events: Iterator[Event], on_chunk: Callable[[Chunk], None] | None = N
 LoadProgress = Callable[[str, float], None]
 
 
+@dataclass(frozen=True)
+class SuffixCacheFile:
+    """Where a runtime keeps its suffix cache between processes, and the vocabulary the file's token ids belong to."""
+
+    path: Path
+    vocabulary: str  # the target's vocabulary fingerprint (edgespec.models.vocab.fingerprint)
+
+    def load_into(self, cache: SuffixCache) -> None:
+        """Fill ``cache`` from the file; one that is damaged or of another vocabulary is reported and left alone (it
+        is replaced at the next save), and the cache starts empty."""
+        try:
+            cache.load(self.path, self.vocabulary)
+        except SuffixCacheFileError as error:
+            log.warning("%s", error)
+
+    def save(self, cache: SuffixCache) -> None:
+        """Write ``cache`` (atomically); a failure is reported, not raised: the runtime is closing."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            cache.save(self.path, self.vocabulary)
+        except (OSError, ValueError) as error:
+            log.warning("the suffix cache was not saved to %s: %s", self.path, error)
+
+
+def check_suffix_cache(mode: str, tokens: int) -> None:
+    if mode not in SUFFIX_CACHE_MODES:
+        raise InvalidParameterError(f"suffix_cache must be one of {', '.join(SUFFIX_CACHE_MODES)}, got {mode!r}")
+    if tokens < 1:
+        raise InvalidParameterError(f"suffix_cache_tokens must be >= 1, got {tokens}")
+
+
+def suffix_cache_for(
+    mode: str, tokens: int, path: str | Path | None, target_meta: object
+) -> tuple[SuffixCache | None, Hashable | None, SuffixCacheFile | None]:
+    """The suffix cache of a runtime in ``mode`` (see :data:`SUFFIX_CACHE_MODES`), bounded by ``tokens``, the scope a
+    request that names none gets, and the file it starts from and is saved to (``path``; None: kept in memory only)."""
+    check_suffix_cache(mode, tokens)
+    if mode == "off":
+        return None, None, None
+    cache = SuffixCache(tokens)
+    file = None
+    if path is not None:
+        from edgespec.models.vocab import fingerprint
+
+        file = SuffixCacheFile(Path(path).expanduser(), fingerprint(target_meta))  # type: ignore[arg-type]
+        file.load_into(cache)
+    return cache, GLOBAL_SCOPE if mode == "global" else None, file
+
+
 def load(
     target: str | Path,
     draft: str | Path | None = None,
@@ -252,6 +328,9 @@ def load(
     parallel: int = 1,
     progress: LoadProgress | None = None,
     show_fetch_progress: bool = True,
+    suffix_cache: str = "global",
+    suffix_cache_tokens: int = DEFAULT_MAX_TOKENS,
+    suffix_cache_path: str | Path | None = None,
 ) -> Runtime:
     """Resolve, check and load a target (and optional draft) model.
 
@@ -269,9 +348,15 @@ def load(
     :meth:`Runtime.generate_many` and :meth:`Runtime.stream`); fewer when the KV cache of that many does not fit
     the free memory (``Runtime.parallel_note`` says so).
     ``progress(stage, fraction)`` reports loading.
+    ``suffix_cache``: what a request drafts from besides its own text (see :data:`SUFFIX_CACHE_MODES`): the
+    runtime's earlier outputs (``"global"``, the default), only those of requests given the same ``cache_scope``
+    (``"key"``), or none (``"off"``); ``suffix_cache_tokens`` bounds it. ``suffix_cache_path``: a file it starts
+    from and is saved to at :meth:`Runtime.close`, so that a restarted process starts warm (a damaged file, or one
+    of another vocabulary, is reported and the cache starts empty).
     """
     if not 1 <= parallel <= MAX_PARALLEL:
         raise InvalidParameterError(f"parallel must be 1..{MAX_PARALLEL}, got {parallel}")
+    check_suffix_cache(suffix_cache, suffix_cache_tokens)  # before any model loads
     from edgespec.models.gguf import preflight
     from edgespec.models.registry import resolve_model
     from edgespec.models.vocab import check_vocab_compatible
@@ -288,6 +373,7 @@ def load(
     target_meta = preflight(target_path)
     if draft_path is not None:
         check_vocab_compatible(target_meta, preflight(draft_path))
+    cache, scope, cache_file = suffix_cache_for(suffix_cache, suffix_cache_tokens, suffix_cache_path, target_meta)
 
     parallel_note = None
     if parallel > 1:
@@ -332,6 +418,8 @@ def load(
             lookup=lookup,
             p_min=p_min,
             cost_cache=CostCache(cost_cache_path()),
+            suffix_cache=cache,
+            cache_scope=scope,
         )
     except BaseException:
         target_model.close()
@@ -342,6 +430,7 @@ def load(
         engine,
         target_name=str(target) if not Path(str(target)).exists() else None,
         draft_name=(str(draft) if draft is not None and not Path(str(draft)).exists() else None),
+        suffix_cache_file=cache_file,
     )
     runtime.draft_choice = draft_choice
     runtime.parallel_note = parallel_note

@@ -140,6 +140,9 @@ class FakeModel:
         self.kv_tokens = list(source.kv_tokens[:n])
         self.copies.append((source.seq_id, 0, n))
 
+    def close(self) -> None:
+        """Nothing to free (a Runtime closes its models)."""
+
     def tokenize(self, text: str, **_: object) -> list[int]:
         return [1 + (ord(c) - ord("a")) % (self.n_vocab - 1) for c in text]
 
