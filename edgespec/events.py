@@ -36,7 +36,7 @@ class Stats:
     accepted_per_round: tuple[
         int, ...
     ] = ()  # histogram: accepted_per_round[k] = rounds that accepted k drafts
-    drafter: str = "none"  # what the last round used: "none", "model", "lookup"
+    drafter: str = "none"  # what the last round used: "none", "model", "lookup", "cache", "forced"
     draft_len: int = 0  # γ of the last round
     decision: str = ""  # why the controller chose it (estimates and costs), for display
     plain_tokens_per_second: float = (
@@ -44,6 +44,12 @@ class Stats:
     )
     sampling_path: str = ""  # where the target's rows were sampled: in llama.cpp's graph, or numpy on whole rows
     forced: int = 0  # of the accepted drafts, those the output's constraint forced (proposed without a drafter)
+    # Drafted and accepted tokens copied from the request's own prompt and output (prompt lookup), and from earlier
+    # requests' outputs (the suffix cache)
+    lookup_drafted: int = 0
+    lookup_accepted: int = 0
+    cache_drafted: int = 0
+    cache_accepted: int = 0
     rereads: int = 0  # constrained rows whose candidates held too few allowed tokens, read again whole
     t_constraint: float = 0.0  # of the time outside llama.cpp, the constraint engine's (masks, its state)
 
@@ -108,6 +114,10 @@ class Stats:
             "outside_ms_per_token": round(self.outside_ms_per_token, 4),
             "sampling_path": self.sampling_path,
             "forced": self.forced,
+            "lookup_drafted": self.lookup_drafted,
+            "lookup_accepted": self.lookup_accepted,
+            "cache_drafted": self.cache_drafted,
+            "cache_accepted": self.cache_accepted,
             "rereads": self.rereads,
             "t_constraint": round(self.t_constraint, 4),
         }

@@ -18,6 +18,8 @@ class Tally:
         self.prefilled = 0
         self.t_prefill = 0.0
         self.rounds = self.drafted = self.accepted = 0
+        # of those, the free drafts by source: from the request's own text (prompt lookup), from earlier outputs
+        self.lookup_drafted = self.lookup_accepted = self.cache_drafted = self.cache_accepted = 0
         self.forced = 0  # accepted tokens the constraint forced
         self.rereads = 0  # constrained verify rows read again whole
         self.t_constraint = 0.0
@@ -30,6 +32,12 @@ class Tally:
         self.rounds += 1
         self.drafted += gamma
         self.accepted += k
+        if drafter == "lookup":
+            self.lookup_drafted += gamma
+            self.lookup_accepted += k
+        elif drafter == "cache":
+            self.cache_drafted += gamma
+            self.cache_accepted += k
         self.hist[k] += 1
         self.t_draft += t_draft
         self.t_verify += t_verify
@@ -68,6 +76,10 @@ class Tally:
             plain_tokens_per_second=controller.plain_tokens_per_second,
             sampling_path=self.sampling_path,
             forced=self.forced,
+            lookup_drafted=self.lookup_drafted,
+            lookup_accepted=self.lookup_accepted,
+            cache_drafted=self.cache_drafted,
+            cache_accepted=self.cache_accepted,
             rereads=self.rereads,
             t_constraint=self.t_constraint,
         )

@@ -154,3 +154,13 @@ def test_bit_exact_greedy_generation_says_so_and_matches_plain(tiny_model_path, 
 def test_impossible_sizes_are_usage_errors(tiny_model_path, option, value) -> None:
     result = invoke("generate", "hi", "-m", str(tiny_model_path), option, value)
     assert result.exit_code == 2 and option in result.stderr
+
+
+def test_the_stats_line_tells_drafts_from_the_prompt_and_from_earlier_replies_apart() -> None:
+    from edgespec.cli.common import describe_stats
+    from edgespec.events import Stats
+
+    stats = Stats(generated=30, rounds=10, drafted=20, accepted=15, lookup_drafted=6, lookup_accepted=2)
+    assert "earlier replies" not in describe_stats(stats)  # no drafts from the cache: the line as it was
+    stats.cache_drafted, stats.cache_accepted = 14, 13
+    assert "drafted 20, accepted 15 (75%; from the prompt 2/6, from earlier replies 13/14)" in describe_stats(stats)

@@ -465,6 +465,9 @@ def test_a_request_drafts_from_an_earlier_ones_output_and_stays_exact(draft_len)
     assert list(done.tokens) == list(again_done.tokens) == plain_greedy(CACHED_PROMPT, 30, target)
     assert cache_rounds(again) >= 2 and again_done.stats.rounds <= done.stats.rounds // 3
     assert again_done.stats.accepted == again_done.stats.drafted  # the same text, drafted from the first reply
+    s = again_done.stats
+    assert s.cache_drafted + s.lookup_drafted == s.drafted and s.cache_accepted + s.lookup_accepted == s.accepted
+    assert s.cache_accepted > s.lookup_accepted and done.stats.cache_drafted == 0
 
 
 def test_a_scope_drafts_only_from_its_own_outputs() -> None:

@@ -63,6 +63,11 @@ def test_round_log_names_origins_by_the_rounds_drafter():
     assert frame["rounds"] == [{"drafter": "lookup", "drafted": 3, "accepted": 1, "t": 0.7}]
     assert frame["live"]["acceptance_rate"] == 0.6
 
+    third = chunk([("return", True), (" a", False)], rounds=3, drafted=6, accepted=4, drafter="cache", draft_len=1,
+                  generated=7, t_total=0.8)
+    log.observe(third)
+    assert [s["origin"] for s in log.frame(third)["spans"]] == ["cache", "target"]  # copied from an earlier reply
+
 
 def test_round_log_keeps_rounds_of_chunks_with_no_text_and_ignores_a_tail():
     log = RoundLog()
@@ -175,7 +180,7 @@ def test_openai_client_parses_chunks_with_the_extension(live: LiveServer):
     assert text
     exts = [c.model_extra["edgespec"] for c in chunks]
     assert "".join(s["text"] for e in exts for s in e["spans"]) == text
-    assert {s["origin"] for e in exts for s in e["spans"]} <= {"draft", "lookup", "target"}
+    assert {s["origin"] for e in exts for s in e["spans"]} <= {"draft", "lookup", "cache", "target"}
     assert any(s["origin"] == "draft" for e in exts for s in e["spans"])  # the tiny model agrees with itself
     rounds = [r for e in exts for r in e["rounds"]]
     last = chunks[-1].model_extra

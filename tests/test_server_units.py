@@ -248,6 +248,29 @@ def test_metrics_count_accepted_tokens_per_position_from_the_histogram():
     assert samples[("edgespec:requests_deferred", None)] == 2
 
 
+def test_the_speculation_block_and_metrics_tell_drafts_from_the_prompt_and_from_earlier_replies_apart():
+    stats = dict(generated=30, drafted=20, accepted=15, lookup_drafted=6, lookup_accepted=2, cache_drafted=14,
+                 cache_accepted=13)  # fmt: skip
+    report = speculation(outcome(**stats), request(), None)
+    assert {k: report[k] for k in ("lookup_drafted", "lookup_accepted", "cache_drafted", "cache_accepted")} == {
+        k: stats[k] for k in ("lookup_drafted", "lookup_accepted", "cache_drafted", "cache_accepted")
+    }
+    metrics = ServerMetrics(SimpleNamespace(processing=0, waiting=0))
+    samples = lambda: {  # noqa: E731
+        (s.name, s.labels.get("source")): s.value
+        for family in text_string_to_metric_families(metrics.render().decode())
+        for s in family.samples
+    }
+    assert samples()[("edgespec:spec_decode_num_draft_tokens_by_source_total", "cache")] == 0  # there from the start
+    for _ in range(2):
+        metrics.record(SimpleNamespace(cancelled=False, outcome=outcome(**stats)))
+    got = samples()
+    assert got[("edgespec:spec_decode_num_draft_tokens_by_source_total", "lookup")] == 12
+    assert got[("edgespec:spec_decode_num_accepted_tokens_by_source_total", "lookup")] == 4
+    assert got[("edgespec:spec_decode_num_draft_tokens_by_source_total", "cache")] == 28
+    assert got[("edgespec:spec_decode_num_accepted_tokens_by_source_total", "cache")] == 26
+
+
 # ----- settings, key, CLI -------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("host", "loopback"),

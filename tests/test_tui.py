@@ -342,3 +342,15 @@ def test_the_meter_counts_the_tokens_a_constraint_forced() -> None:
     assert meter.values()["forced"] == "15 of 40 tokens" and meter.values()["draft"] == "γ 3 · forced"
     meter.stats = Stats(generated=40, rounds=12, drafted=30, accepted=24)
     assert "forced" not in meter.values()  # an unconstrained reply: no row
+    assert "from earlier" not in meter.values()  # nor, without drafts from earlier replies, rows by source
+
+
+def test_the_meter_tells_drafts_from_the_prompt_and_from_earlier_replies_apart() -> None:
+    from edgespec.events import Stats
+    from tui.widgets import Meter
+
+    meter = Meter()
+    meter.stats = Stats(generated=40, rounds=12, drafted=30, accepted=24, lookup_drafted=10, lookup_accepted=6,
+                        cache_drafted=20, cache_accepted=18, drafter="cache", draft_len=8)  # fmt: skip
+    values = meter.values()
+    assert values["from prompt"] == "6/10" and values["from earlier"] == "18/20" and values["draft"] == "γ 8 · cache"

@@ -305,6 +305,9 @@ class Meter(Vertical):
         }
         if s.forced:  # a constrained reply: tokens its constraint forced, drafted for free
             shown["forced"] = f"{s.forced} of {s.generated} tokens"
+        if s.cache_drafted:  # free drafts from the prompt and from earlier replies, apart: accepted of drafted
+            shown["from prompt"] = f"{s.lookup_accepted}/{s.lookup_drafted}"
+            shown["from earlier"] = f"{s.cache_accepted}/{s.cache_drafted}"
         return shown
 
     def _session(self) -> str:

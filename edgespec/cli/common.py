@@ -363,6 +363,8 @@ def describe_stats(s: Stats) -> str:
         f"{s.generated} tokens in {s.t_decode:.2f}s: {s.tokens_per_second:.1f} tok/s | "
         f"drafted {s.drafted}, accepted {s.accepted} ({s.acceptance_rate:.0%}"
         + (f"; {s.forced} forced by the constraint" if s.forced else "")
+        + (f"; from the prompt {s.lookup_accepted}/{s.lookup_drafted}, from earlier replies "
+           f"{s.cache_accepted}/{s.cache_drafted}" if s.cache_drafted else "")
         + "), "
         f"{s.tokens_per_verify:.2f} tokens/verify over {s.rounds} verifies | "
         f"prefill {s.prefilled_tokens}/{s.prompt_tokens} tokens {s.t_prefill:.2f}s, draft {s.t_draft:.2f}s, "

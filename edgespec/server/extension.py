@@ -12,9 +12,10 @@ chunk without changing the shapes they parse. The chat page (:mod:`edgespec.serv
     }
 
 ``origin`` is ``"draft"`` (a draft model's token the target accepted), ``"lookup"`` (a prompt-lookup token the
-target accepted) or ``"target"`` (sampled by the target: a correction, a bonus token, plain decoding). A round's
-``t`` is seconds since the request started. The finishing chunk adds ``"summary"``: the reply's speedup estimate
-against plain decoding (:func:`edgespec.chat.session.speedup`, the TUI's number) and the plain rate it divides by.
+target accepted), ``"cache"`` (a token copied from an earlier reply by the suffix cache, accepted) or ``"target"``
+(sampled by the target: a correction, a bonus token, plain decoding). A round's ``t`` is seconds since the request
+started. The finishing chunk adds ``"summary"``: the reply's speedup estimate against plain decoding
+(:func:`edgespec.chat.session.speedup`, the TUI's number) and the plain rate it divides by.
 """
 
 from __future__ import annotations
@@ -22,14 +23,14 @@ from __future__ import annotations
 from edgespec.chat.session import speedup
 from edgespec.events import Chunk, Span, Stats
 
-ORIGINS = ("draft", "lookup", "target")
+ORIGINS = ("draft", "lookup", "cache", "target")
 
 
 def origin(span: Span, drafter: str) -> str:
     """Where a span's token came from: a drafted token takes the name of its round's drafter."""
     if not span.from_draft:
         return "target"
-    return "lookup" if drafter == "lookup" else "draft"
+    return drafter if drafter in ("lookup", "cache") else "draft"
 
 
 def live(stats: Stats) -> dict:

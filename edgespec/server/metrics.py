@@ -44,6 +44,23 @@ class ServerMetrics:
             ["position"],
             registry=registry,
         )
+        # The free drafts by source: copied from the request's own text (prompt lookup) or from earlier replies (the
+        # suffix cache); the counters above count every drafter's.
+        self.source_draft_tokens = Counter(
+            "edgespec:spec_decode_num_draft_tokens_by_source",
+            "Drafted tokens copied from the request's own text (lookup) or from earlier replies (cache).",
+            ["source"],
+            registry=registry,
+        )
+        self.source_accepted_tokens = Counter(
+            "edgespec:spec_decode_num_accepted_tokens_by_source",
+            "Of those, the tokens the target accepted.",
+            ["source"],
+            registry=registry,
+        )
+        for source in ("lookup", "cache"):  # present from the start, at 0
+            self.source_draft_tokens.labels(source=source)
+            self.source_accepted_tokens.labels(source=source)
         processing = Gauge(
             "edgespec:requests_processing", "Requests being generated (up to --parallel).", registry=registry
         )
@@ -72,6 +89,12 @@ class ServerMetrics:
             self.tokens_predicted.inc(stats.generated)
             self.num_draft_tokens.inc(stats.drafted)
             self.num_accepted_tokens.inc(stats.accepted)
+            for source, drafted, accepted in (
+                ("lookup", stats.lookup_drafted, stats.lookup_accepted),
+                ("cache", stats.cache_drafted, stats.cache_accepted),
+            ):
+                self.source_draft_tokens.labels(source=source).inc(drafted)
+                self.source_accepted_tokens.labels(source=source).inc(accepted)
             # accepted_per_round[k] rounds accepted exactly k, so position i was accepted in every round with k > i.
             hist = stats.accepted_per_round
             for position in range(len(hist) - 1):

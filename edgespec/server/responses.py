@@ -75,6 +75,11 @@ def speculation(outcome: Outcome, request: GenerationRequest, draft_model: str |
         "accepted": stats.accepted,
         "accepted_per_round": hist,  # [k] = rounds that accepted k drafted tokens
         "forced": stats.forced,  # accepted tokens a constraint forced (drafted without a drafter)
+        # free drafts by source: copied from the request's own text (prompt lookup), from earlier replies (the cache)
+        "lookup_drafted": stats.lookup_drafted,
+        "lookup_accepted": stats.lookup_accepted,
+        "cache_drafted": stats.cache_drafted,
+        "cache_accepted": stats.cache_accepted,
         "constraint_rereads": stats.rereads,  # constrained rows read again whole (too few allowed candidates)
     }
     if not report["active"]:

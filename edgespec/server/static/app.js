@@ -262,6 +262,7 @@ function finishView(m) {
   if (s.drafted !== undefined) {
     parts.push(`acceptance ${pct(s.acceptance_rate)} (${s.accepted}/${s.drafted}) · ${fmt(s.tokens_per_verify, 2)} tokens/verify`);
     if (s.forced) parts.push(`${s.forced} tokens forced by the output's constraint (drafted for free)`);
+    if (s.cache_drafted) parts.push(`from the prompt ${s.lookup_accepted}/${s.lookup_drafted}, from earlier replies ${s.cache_accepted}/${s.cache_drafted}`);
     if (!s.active && s.reason) parts.push(s.reason);
   }
   const sum = m.summary || {};
@@ -301,7 +302,7 @@ function chart(rounds) {
     const x = rounds.length === 1 ? 1 : ((t - t0) / span) * (W - bw - 2) + 1;
     const hd = (drafted / top) * (H - 4), ha = (accepted / top) * (H - 4);
     if (drafted) add("rect", { x, y: H - hd, width: bw, height: hd, class: "drafted" });
-    if (accepted) add("rect", { x, y: H - ha, width: bw, height: ha, class: `accepted ${drafter === "lookup" ? "lookup" : "draft"}` });
+    if (accepted) add("rect", { x, y: H - ha, width: bw, height: ha, class: `accepted ${drafter === "lookup" || drafter === "cache" ? drafter : "draft"}` });
     if (!drafted) add("rect", { x, y: H - 2, width: bw, height: 2, class: "plain" });
   }
   const label = add("text", { x: 0, y: H + pad - 2, class: "label" });

@@ -3,7 +3,7 @@
 // Input: pieces [{text, origin}]; output: an HTML string whose text runs are <span class="o-ORIGIN">.
 
 const ESC = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
-const ORIGINS = new Set(["draft", "lookup", "target"]);
+const ORIGINS = new Set(["draft", "lookup", "cache", "target"]);
 
 export function escapeHtml(s) {
   return s.replace(/[&<>"']/g, (c) => ESC[c]);
