@@ -26,6 +26,10 @@ from edgespec.sampling import SamplingParams
 SUITE = {"code-edit", "code-gen", "creative", "math", "structured", "summarize", "translate"}
 ALL = ["plain", "draft-2", "draft-3", "draft-4", "lookup", "auto", *PEER_STRATEGIES]
 
+# Short classes for the tests of the bench's mechanics: a run prefills its prompt again, and the shipped classes'
+# prompts (hundreds of tokens) took most of these tests' time.
+SHORT = Path(__file__).parent / "data" / "short"
+
 
 # ----- the suite and the options ----------------------------------------------------------------------------
 def test_shipped_suite_has_every_class_with_three_prompts() -> None:
@@ -160,7 +164,7 @@ def test_run_bench_on_the_tiny_model_with_every_strategy(tiny_model_path: Path) 
 
     from edgespec.models.backend import Model
 
-    tasks = load_tasks(["code-edit"], prompts_per_task=1)
+    tasks = load_tasks(["short-edit"], source=SHORT)
     params = SamplingParams(temperature=0, max_tokens=8)
     seen: list[tuple[int, int]] = []
     # The same file as target and draft: acceptance is near total, which exercises the multi-token rounds.
@@ -176,8 +180,8 @@ def test_run_bench_on_the_tiny_model_with_every_strategy(tiny_model_path: Path) 
     assert by["plain"].sampling_path == "argmax in llama.cpp" and by["llama-cpp"].sampling_path is None
 
     summary = result.summaries()
-    assert list(summary["code-edit"]) == ALL
-    assert summary["code-edit"]["plain"].speedup == pytest.approx(1.0)
+    assert list(summary["short-edit"]) == ALL
+    assert summary["short-edit"]["plain"].speedup == pytest.approx(1.0)
     # The lookup ceiling is computed on every engine's greedy output: a speedup no lookup schedule can beat, >= 1.
     assert all(by[s].ceiling is not None and by[s].ceiling >= 1.0 for s in ("plain", "auto", "draft-4"))
     report = result.to_json()
@@ -346,19 +350,19 @@ def test_structured_runs_every_strategy_under_its_constraint_and_skips_the_peers
 @pytest.mark.real
 def test_cli_bench_json(tiny_model_path: Path) -> None:
     args = ["bench", "-m", str(tiny_model_path), "-d", str(tiny_model_path), "--n-ctx", "1024",
-            "--tasks", "summarize", "--prompts-per-task", "1", "--max-tokens", "8",
+            "--workloads", str(SHORT), "--tasks", "short-edit", "--max-tokens", "8",
             "--strategies", "draft-2,lookup,auto", "--no-peers", "--json"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert set(report) == {"config", "summary", "overall_speedup", "runs"}
     assert report["config"]["strategies"] == ["plain", "draft-2", "lookup", "auto"]
-    assert list(report["summary"]) == ["summarize"]
-    assert set(report["summary"]["summarize"]) == {"plain", "draft-2", "lookup", "auto"}
+    assert list(report["summary"]) == ["short-edit"]
+    assert set(report["summary"]["short-edit"]) == {"plain", "draft-2", "lookup", "auto"}
     assert report["overall_speedup"]["plain"] == pytest.approx(1.0)
     for run in report["runs"]:
         check_counts(run, max_tokens=8)
-    plain = report["summary"]["summarize"]["plain"]
+    plain = report["summary"]["short-edit"]["plain"]
     assert plain["acceptance_rate"] is None and plain["tokens_per_verify"] == 1.0
 
 
@@ -496,7 +500,7 @@ def test_concurrency_levels_parse_or_fail_clearly() -> None:
 @pytest.mark.real
 def test_cli_bench_concurrency_json(tiny_model_path: Path) -> None:
     args = ["bench", "-m", str(tiny_model_path), "-d", str(tiny_model_path), "--n-ctx", "1024",
-            "--tasks", "code-edit", "--prompts-per-task", "1", "--max-tokens", "8",
+            "--workloads", str(SHORT), "--tasks", "short-edit", "--max-tokens", "8",
             "--strategies", "draft-2,auto", "--no-peers", "--concurrency", "1,2", "--json"]  # fmt: skip
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
@@ -554,7 +558,7 @@ def test_load_bench_rounds_rotate_the_strategies(tiny_model_path: Path) -> None:
     from edgespec.bench.load import run_load_bench
     from edgespec.models.backend import Model
 
-    tasks = load_tasks(["code-edit"], prompts_per_task=1)
+    tasks = load_tasks(["short-edit"], source=SHORT)
     params = SamplingParams(temperature=0, max_tokens=3)
     with Model(tiny_model_path, n_ctx=512, n_seq=2) as target:
         records, _ = run_load_bench(target, None, tasks, ["auto"], params, [2], lookup_len=4, peers=False, repeats=2)
@@ -614,7 +618,7 @@ def test_llama_server_on_path_runs_as_a_peer_at_each_level(tiny_model_path: Path
     binary.write_text(f"#!{sys.executable}\n{FAKE_LLAMA_SERVER}")
     binary.chmod(binary.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{tmp_path}:{__import__('os').environ['PATH']}")
-    tasks = load_tasks(["code-edit"], prompts_per_task=1)
+    tasks = load_tasks(["short-edit"], source=SHORT)
     params = SamplingParams(temperature=0, max_tokens=6)
     with Model(tiny_model_path, n_ctx=512, n_seq=2) as target, Model(tiny_model_path, n_ctx=512, n_seq=2) as draft:
         records, notes = run_load_bench(target, draft, tasks, ["plain"], params, [2], lookup_len=4, repeats=2)
@@ -669,7 +673,7 @@ def test_the_load_bench_calibrates_every_readout_before_its_timed_runs(tiny_mode
         return original(self, lane, ctx, readout)
 
     monkeypatch.setattr(Calibration, "measure", counting)
-    tasks = load_tasks(["code-edit", "structured"], prompts_per_task=1)
+    tasks = load_tasks(["short-edit", "short-json"], source=SHORT)
     seen_at_runs: list[list[str]] = []
     params = SamplingParams(temperature=0, max_tokens=4)
     with Model(tiny_model_path, n_ctx=1024, n_seq=2) as target:
@@ -677,6 +681,6 @@ def test_the_load_bench_calibrates_every_readout_before_its_timed_runs(tiny_mode
             target, None, tasks, ["auto"], params, [2], lookup_len=4, peers=False,
             on_run=lambda record: seen_at_runs.append(list(measured)),
         )  # fmt: skip
-    assert {r.task for r in records} == {"code-edit", "structured"}
+    assert {r.task for r in records} == {"short-edit", "short-json"}
     assert sorted(set(measured)) == ["argmax", "top_k"]  # both readouts were calibrated...
     assert all(seen == seen_at_runs[0] for seen in seen_at_runs)  # ...all of it before the first timed run
