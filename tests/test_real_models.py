@@ -219,7 +219,8 @@ def bit_exact_plain(qwen_bit_exact_pair) -> list[Finished]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("draft_len", [3, 4, 6, "auto"])
+# 4, the widest (6) and auto's varying γ: a γ of 3 ran the same code at one width less and is not run apart.
+@pytest.mark.parametrize("draft_len", [4, 6, "auto"])
 def test_bit_exact_greedy_speculation_is_token_identical_to_plain_decoding(
     qwen_bit_exact_pair, bit_exact_plain, draft_len
 ) -> None:
