@@ -360,6 +360,19 @@ def test_an_empty_api_key_is_an_error_line():
     assert result.exit_code == 1 and result.output.startswith("error: --api-key is empty")
 
 
+def test_the_suffix_cache_is_scoped_by_key_when_keys_are_required_and_global_when_none_are():
+    from edgespec.server.settings import ServerSettings
+
+    assert ServerSettings().cache_mode == "global"
+    assert ServerSettings(api_key="a", api_keys=("b",)).cache_mode == "key"
+    assert ServerSettings(api_key="a").keys == ("a",) and ServerSettings(api_keys=("a", "b")).keys == ("a", "b")
+    assert ServerSettings(api_key="a", suffix_cache="global").cache_mode == "global"
+    with pytest.raises(ValueError, match="needs API keys"):
+        ServerSettings(suffix_cache="key")
+    result = CliRunner().invoke(main, ["serve", "--suffix-cache", "key", "-d", "none"], env={"EDGESPEC_API_KEY": ""})
+    assert result.exit_code == 1 and result.output.startswith("error: --suffix-cache key scopes earlier replies by")
+
+
 def test_engine_errors_map_to_who_can_fix_them():
     from edgespec.errors import ContextOverflowError, EdgespecError, InvalidParameterError, ModelError
     from edgespec.server.errors import from_edgespec_error

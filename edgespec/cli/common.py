@@ -302,8 +302,9 @@ def load_options(opts: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def load_runtime(opts: dict[str, Any], *, quiet: bool = False, parallel: int = 1):
-    """Load the models the options name, with a progress bar per model on a terminal."""
+def load_runtime(opts: dict[str, Any], *, quiet: bool = False, parallel: int = 1, **more: Any):
+    """Load the models the options name, with a progress bar per model on a terminal; ``more``: further keyword
+    arguments of :func:`edgespec.api.load` (serve's suffix cache)."""
     from tqdm import tqdm
 
     from edgespec.api import load
@@ -337,6 +338,7 @@ def load_runtime(opts: dict[str, Any], *, quiet: bool = False, parallel: int = 1
             progress=progress,
             show_fetch_progress=not quiet,
             **load_options(opts),
+            **more,
         )
     finally:
         for bar in bars.values():

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from edgespec.cli.common import fail, load_runtime, model_options, pick_models, user_errors
+from edgespec.drafters.suffix_cache import DEFAULT_MAX_TOKENS
 from edgespec.server.settings import ServerSettings, is_loopback
 
 
@@ -18,9 +19,33 @@ from edgespec.server.settings import ServerSettings, is_loopback
 @click.option("--alias", help="The model id clients see and send (default: the target's name).")
 @click.option(
     "--api-key",
+    "api_keys",
     envvar="EDGESPEC_API_KEY",
-    help="Require this key (Authorization: Bearer KEY, or X-Api-Key) on every route but /health. "
-    "Also read from $EDGESPEC_API_KEY, which keeps it out of the process list.",
+    multiple=True,
+    metavar="KEY",
+    help="Require this key (Authorization: Bearer KEY, or X-Api-Key) on every route but /health; repeatable, "
+    "each key as good as the others (and, with --suffix-cache key, a scope of its own). Also read from "
+    "$EDGESPEC_API_KEY (keys separated by spaces), which keeps them out of the process list.",
+)
+@click.option(
+    "--suffix-cache",
+    type=click.Choice(["key", "global", "off"]),
+    help="Draft from earlier replies too: 'key', only from replies to requests with the same API key (so that a "
+    "reply's speed reveals nothing of another client's); 'global', from every earlier reply; 'off'. "
+    "Default: key with --api-key, global without.",
+)
+@click.option(
+    "--suffix-cache-tokens",
+    default=DEFAULT_MAX_TOKENS,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="The most tokens of earlier replies kept (the oldest replies go first; ~140 bytes a token at most).",
+)
+@click.option(
+    "--suffix-cache-path",
+    type=click.Path(dir_okay=False),
+    help="Keep the suffix cache in this file: read at start, written at shutdown, so that a restarted server "
+    "starts warm (a file of another model's vocabulary, or a damaged one, is reported and replaced).",
 )
 @click.option(
     "--parallel",
@@ -50,7 +75,10 @@ def serve(
     host: str,
     port: int,
     alias: str | None,
-    api_key: str | None,
+    api_keys: tuple[str, ...],
+    suffix_cache: str | None,
+    suffix_cache_tokens: int,
+    suffix_cache_path: str | None,
     parallel: int,
     max_queue: int,
     cors_origins,
@@ -63,16 +91,19 @@ def serve(
     order, and a new request takes the slot whose cache shares the longest prefix with its prompt. Responses carry
     llama-server's `timings` and a `speculation` report (drafters used, acceptance, and why speculation did not
     run when it did not). Sampling defaults are llama.cpp's; a request may set draft_len and lookup (the openai
-    client's extra_body).
+    client's extra_body). Requests also draft from earlier replies (--suffix-cache): only from replies to the same
+    API key when keys are required, from every earlier reply when none are.
 
     \b
     edgespec serve --pair qwen2.5-coder --port 8080
     curl http://127.0.0.1:8080/v1/chat/completions -d '{"messages": [{"role": "user", "content": "Hi"}]}'
     """
-    if api_key is not None and not api_key.strip():
+    if any(not key.strip() for key in api_keys):
         fail("--api-key is empty: give a key, or leave the option out to serve without one")
-    if not is_loopback(host) and not api_key:
+    if not is_loopback(host) and not api_keys:
         fail(f"refusing to listen on {host} without an API key: pass --api-key (or set EDGESPEC_API_KEY)")
+    if suffix_cache == "key" and not api_keys:
+        fail("--suffix-cache key scopes earlier replies by API key: pass --api-key, or choose global or off")
     with user_errors():
         pick_models(opts["pair"], opts["target"], opts["draft"])  # a bad --pair fails now, not on the load thread
     try:
@@ -85,10 +116,15 @@ def serve(
 
     from edgespec.server import create_app
 
-    app = create_app(
-        lambda: load_runtime(opts, parallel=parallel),
-        ServerSettings(alias=alias, api_key=api_key, max_queue=max_queue, cors_origins=tuple(cors_origins)),
+    settings = ServerSettings(
+        alias=alias, api_keys=api_keys, max_queue=max_queue, cors_origins=tuple(cors_origins), suffix_cache=suffix_cache
     )
+    cache = {
+        "suffix_cache": settings.cache_mode,
+        "suffix_cache_tokens": suffix_cache_tokens,
+        "suffix_cache_path": suffix_cache_path,
+    }
+    app = create_app(lambda: load_runtime(opts, parallel=parallel, **cache), settings)
     server = uvicorn.Server(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=5))
     worker = app.state.worker
     worker.on_load_failed = lambda _message: setattr(server, "should_exit", True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Hashable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Literal
 
@@ -14,10 +14,11 @@ from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware.cors import CORSMiddleware
 
+from edgespec.api import GLOBAL_SCOPE
 from edgespec.server.delivery import result_unless_disconnected, stream_response
 from edgespec.server.errors import ApiError, from_validation_error, install_error_handlers
 from edgespec.server.metrics import CONTENT_TYPE, ServerMetrics
-from edgespec.server.middleware import ApiKeyMiddleware, BodyLimitMiddleware
+from edgespec.server.middleware import KEY_SCOPE, ApiKeyMiddleware, BodyLimitMiddleware
 from edgespec.server.openapi import openapi_document
 from edgespec.server.page import install_page
 from edgespec.server.prepare import (
@@ -61,8 +62,8 @@ def create_app(load: Callable[[], Runtime], settings: ServerSettings | None = No
     install_error_handlers(app)
     # Added innermost first: CORS outermost (a 401 must carry its headers too), then the key, then the cap.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
-    if settings.api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
+    if settings.keys:
+        app.add_middleware(ApiKeyMiddleware, api_keys=settings.keys)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -75,6 +76,13 @@ def create_app(load: Callable[[], Runtime], settings: ServerSettings | None = No
         worker.check_ready()  # a 503 that says why while loading, after a failed load, or shutting down
         assert worker.loaded is not None
         return worker.loaded
+
+    def cache_scope(request: Request) -> Hashable | None:
+        """The suffix cache's scope of a request (see ServerSettings.suffix_cache)."""
+        mode = settings.cache_mode
+        if mode == "key":
+            return request.scope.get(KEY_SCOPE)
+        return GLOBAL_SCOPE if mode == "global" else None
 
     def model_id(loaded: Loaded) -> str:
         return settings.alias or loaded.runtime.target.name
@@ -102,8 +110,8 @@ def create_app(load: Callable[[], Runtime], settings: ServerSettings | None = No
             },
         }
 
-    install_page(app, key_required=bool(settings.api_key))
-    document = openapi_document(key_required=bool(settings.api_key))
+    install_page(app, key_required=bool(settings.keys))
+    document = openapi_document(key_required=bool(settings.keys))
 
     @app.get("/openapi.json", include_in_schema=False)
     async def openapi() -> dict:
@@ -139,7 +147,7 @@ def create_app(load: Callable[[], Runtime], settings: ServerSettings | None = No
         tools = tool_use(body, loaded.runtime.engine.target.chat_template) if is_chat else None
         source = chat_messages(body) if is_chat else completion_prompt(body)
         prompt = await run_in_threadpool(prompt_tokens, loaded.runtime, source, tools)
-        generation = generation_request(loaded, body, prompt, tools)
+        generation = generation_request(loaded, body, prompt, tools, cache_scope(request))
         await run_in_threadpool(check_constraint, loaded.runtime, generation)
         job = worker.submit(generation)
         shape = ResponseShape(kind, served, piece=loaded.runtime.engine.target.piece)

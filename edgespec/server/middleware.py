@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import hmac
 import json
+from collections.abc import Sequence
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from edgespec.server.errors import error_body
 from edgespec.server.page import is_public
+from edgespec.server.settings import key_identity
 
 PUBLIC_PATHS = frozenset({"/health"})  # for load balancers and supervisors, as llama-server has it
+KEY_SCOPE = "edgespec.api_key"  # the ASGI scope's entry that names the key a request was let in with (key_identity)
 
 
 async def send_error(
@@ -32,15 +35,17 @@ async def send_error(
 
 
 class ApiKeyMiddleware:
-    """Every route but :data:`PUBLIC_PATHS` and the chat page (:func:`~edgespec.server.page.is_public`) needs the
-    key, as ``Authorization: Bearer KEY`` or ``X-Api-Key: KEY``.
+    """Every route but :data:`PUBLIC_PATHS` and the chat page (:func:`~edgespec.server.page.is_public`) needs one of
+    the keys, as ``Authorization: Bearer KEY`` or ``X-Api-Key: KEY``; the request's ASGI scope then names which
+    (:data:`KEY_SCOPE`: its :func:`~edgespec.server.settings.key_identity`).
 
-    The comparison takes the same time whatever the guess, so the key cannot be found a byte at a time.
+    The comparison takes the same time whatever the guess, so a key cannot be found a byte at a time.
     """
 
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
+    def __init__(self, app: ASGIApp, api_keys: Sequence[str]) -> None:
         self.app = app
-        self._key = api_key.encode()
+        self._keys = [key.encode() for key in api_keys]
+        self._identities = [key_identity(key) for key in self._keys]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS or is_public(scope["path"]):
@@ -52,10 +57,12 @@ class ApiKeyMiddleware:
                 send, 401, "an API key is required: send 'Authorization: Bearer KEY'", code="missing_api_key"
             )
             return
-        # Every candidate is compared (no early exit), each in constant time.
-        if not any([hmac.compare_digest(key, self._key) for key in given]):
+        # Every candidate is compared with every key (no early exit), each in constant time.
+        matches = [i for i, key in enumerate(self._keys) if any([hmac.compare_digest(g, key) for g in given])]
+        if not matches:
             await send_error(send, 401, "the API key is wrong", code="invalid_api_key")
             return
+        scope[KEY_SCOPE] = self._identities[matches[0]]
         await self.app(scope, receive, send)
 
     @staticmethod

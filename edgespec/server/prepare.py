@@ -9,7 +9,7 @@ only reads the vocabulary, so it can run beside a decode).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
 from edgespec.constraint import Grammar
@@ -266,9 +266,10 @@ def generation_request(
     body: ChatCompletionRequest | CompletionRequest,
     prompt: tuple[int, ...],
     tools: ToolUse | None = None,
+    cache_scope: Hashable | None = None,
 ) -> GenerationRequest:
     """Sampling parameters and drafting for ``body`` (the server's defaults where it says nothing), with
-    max_tokens fitted to the context."""
+    max_tokens fitted to the context; ``cache_scope``: whose earlier replies it may draft from (and joins)."""
     try:
         draft_len = _draft_len(body.draft_len) if body.draft_len is not None else loaded.draft_len
     except EdgespecError as exc:
@@ -335,7 +336,7 @@ def generation_request(
         source = completion_prompt(body)  # type: ignore[arg-type]
         echoed = source if isinstance(source, str) else loaded.runtime.engine.target.detokenize(prompt)
     cache_prompt = body.cache_prompt is not False
-    return GenerationRequest(prompt, params, draft_len, lookup, body.n or 1, echoed, tools, cache_prompt)
+    return GenerationRequest(prompt, params, draft_len, lookup, body.n or 1, echoed, tools, cache_prompt, cache_scope)
 
 
 def _draft_len(value: int | str) -> int | str:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 from edgespec.sampling import SamplingParams
@@ -37,3 +38,4 @@ class GenerationRequest:
     echo: str | None = None  # completions with echo: the prompt's text, which the response starts with
     tools: ToolUse | None = None  # chat with tools: how to read calls out of the reply
     cache_prompt: bool = True  # llama-server's field: false decodes the whole prompt, keeping none of the KV
+    cache_scope: Hashable | None = None  # the suffix cache's scope: whose earlier replies it drafts from (None: none)

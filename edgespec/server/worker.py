@@ -255,7 +255,7 @@ class GenerationWorker:
             # Per-request settings, for this request only (others run beside it).
             events = runtime.stream(
                 request.prompt, request.params, cancel=job.cancel_event, draft_len=request.draft_len,
-                lookup=request.lookup, cache_prompt=request.cache_prompt,
+                lookup=request.lookup, cache_prompt=request.cache_prompt, cache_scope=request.cache_scope,
             )  # fmt: skip
             for event in events:
                 if isinstance(event, Finished):
@@ -298,7 +298,7 @@ class GenerationWorker:
                     running[i] = runtime.stream(
                         request.prompt, replace(params, seed=None if params.seed is None else params.seed + i),
                         cancel=job.cancel_event, draft_len=request.draft_len, lookup=request.lookup,
-                        cache_prompt=request.cache_prompt,
+                        cache_prompt=request.cache_prompt, cache_scope=request.cache_scope,
                     )  # fmt: skip
                 for i, events in list(running.items()):
                     event = next(events)
