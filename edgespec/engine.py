@@ -155,7 +155,9 @@ class Engine:
 
     def _check_draft_len(self, draft_len: int | str) -> str | None:
         """Refuse a fixed γ this engine cannot run; the drafter a fixed γ drafts with."""
-        name = "model" if "model" in self.drafters else ("lookup" if "lookup" in self.drafters else None)
+        # (the suffix cache's proposals are free drafts, planned as lookup's)
+        free = "lookup" in self.drafters or self.suffix_cache is not None
+        name = "model" if "model" in self.drafters else ("lookup" if free else None)
         if isinstance(draft_len, int):
             if draft_len > self.gamma_limit:
                 bit_exact = self.target.bit_exact

@@ -150,7 +150,30 @@ def engine_setup(gamma: int, drafter: str) -> tuple[FakeModel, Engine]:
     if drafter == "model":
         draft = FakeModel(n_vocab=6, seed=4, noise=1.0, sharp=1.0, eos_bias=-1.0)
         return target, Engine(target, draft, draft_len=gamma, lookup=False)
+    if drafter == "cache":
+        return target, cache_filled_engine(target, gamma)
     return target, Engine(target, None, draft_len=gamma, lookup=True)
+
+
+class FrozenCache(SuffixCache):
+    """A suffix cache that takes no more entries once frozen: the measured requests draft from what other requests
+    wrote, and their own samples (at T=0.8) do not water its counts down below the proposal's floor."""
+
+    frozen = False
+
+    def add(self, scope, tokens) -> int:  # noqa: ANN001
+        return 0 if self.frozen else super().add(scope, tokens)
+
+
+def cache_filled_engine(target: FakeModel, gamma: int) -> Engine:
+    """A fixed γ drafting from the suffix cache alone, the cache filled by 200 earlier requests of the prompt at a
+    low temperature (so that most positions have a continuation most of them took)."""
+    cache = FrozenCache()
+    engine = Engine(target, None, draft_len=gamma, lookup=False, suffix_cache=cache, cache_scope="others")
+    for seed in range(200):
+        run(engine, ENGINE_PROMPT, SamplingParams(temperature=0.2, top_k=4, max_tokens=6, seed=seed))
+    cache.frozen = True
+    return engine
 
 
 # The whole loop is ~1 ms a request here (γ=3): a few configurations, so the fast tier stays under a minute. The
@@ -164,7 +187,7 @@ def engine_checks(gamma: int, drafter: str, path: str) -> tuple[FakeModel, Engin
     return target, samples, output_checks(samples.outputs, exact_output_joint(target, ENGINE_PROMPT, params, gamma + 1))
 
 
-ENGINE_CONFIGS = [(3, "model", "top_k"), (3, "lookup", "top_k"), (1, "model", "whole")]
+ENGINE_CONFIGS = [(3, "model", "top_k"), (3, "lookup", "top_k"), (3, "cache", "top_k"), (1, "model", "whole")]
 
 
 @pytest.mark.exactness
@@ -186,6 +209,7 @@ ENGINE_CONTROLS = [
     # "accept iff p >= q" passed the old engine-level test on the top-k path (chi2 7.7 against 42.9)
     (accept_if_p_at_least_q, 1, "model", "top_k"),
     (one_uniform_per_round, 3, "lookup", "top_k"),
+    (one_uniform_per_round, 3, "cache", "top_k"),  # the cache filled by other requests: as biased as lookup
     (bonus_from_the_first_row, 1, "model", "whole"),
 ]
 
@@ -506,6 +530,27 @@ def test_the_engines_cache_stays_within_its_bound() -> None:
         run(engine, prompt, SamplingParams(temperature=0, max_tokens=int(rng.integers(5, 40))))
         assert cache.tokens <= 100
     assert 2 <= len(cache) < 30  # the oldest went, whole
+
+
+@pytest.mark.parametrize("draft_len", [3, 6, "auto"])
+def test_greedy_with_a_cache_filled_by_other_requests_is_plain_greedy_within_the_bit_exact_rows(draft_len) -> None:
+    """Earlier replies, sampled and greedy, to these prompts and others fill the cache; greedy replies are then token
+    for token plain greedy decoding's, drafted in part from the cache, and no verify is wider than a bit-exact
+    target's kernels keep exact."""
+    target = FakeModel(n_vocab=40, eos_bias=-9, n_ctx=512, delay=0.001 if draft_len == "auto" else 0.0)
+    target.bit_exact, target.max_verify_rows = True, 7
+    engine = Engine(target, None, draft_len=draft_len, lookup=True, suffix_cache=SuffixCache(), cache_scope="me")
+    rng = np.random.default_rng(11)
+    prompts = [[int(t) for t in rng.integers(1, 40, size=6)] for _ in range(4)]
+    for i in range(12):  # other requests: other prompts, and these at T=1
+        other = [int(t) for t in rng.integers(1, 40, size=6)]
+        run(engine, other if i % 2 else prompts[i % 4], SamplingParams(temperature=1.0, seed=i, max_tokens=40))
+    drafted = 0
+    for prompt in prompts * 2:
+        chunks, done = run(engine, prompt, SamplingParams(temperature=0, max_tokens=60))
+        assert list(done.tokens) == plain_greedy(prompt, 60, target)
+        drafted += done.stats.cache_drafted
+    assert drafted > 0 and max(rows for _, rows in target.decode_calls) <= 7
 
 
 def test_a_request_drafts_from_an_output_written_on_another_lane() -> None:
