@@ -284,7 +284,10 @@ class Generation:
                 del tokens[i + 1 :]
                 break
         tokens = self._allowed(tokens)
-        return Free(tokens, CACHE, found.match_len) if tokens else Free((), CACHE)
+        if not tokens:
+            return Free((), CACHE)
+        # Its anchor: the match length, a bucket higher where earlier replies took the first token more than once.
+        return Free(tokens, CACHE, found.match_len * (2 if found.support[0] > 1 else 1))
 
     def _allowed(self, tokens: Sequence[int]) -> list[int]:
         """``tokens`` up to the first the constraint forbids: that one would be rejected for certain."""
