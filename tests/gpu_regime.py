@@ -10,6 +10,12 @@ an emulation, not a GPU measurement: the real adapter's Python (filling llama.cp
 it, and the decode waits on this CPU's clock.
 
     python tests/gpu_regime.py --lanes 1,4 --rounds 2
+    python tests/gpu_regime.py --agent --lanes 1,4 --rounds 1
+
+Each class's prompts are repeated (to twice the lanes), so ``auto`` runs without a suffix cache there: a repeat
+would copy its own earlier answer. ``--agent`` replays the agent class instead (tests/data/agent_traces.json), its
+32 requests once each and in order, as the bench runs it: ``auto`` drafts from the replies before (a suffix cache,
+emptied before each round), ``auto-nocache`` does not.
 """
 
 from __future__ import annotations
@@ -28,11 +34,13 @@ from fakes import FakeModel  # noqa: E402
 
 from edgespec.bench.load import closed_loop, engine_runner  # noqa: E402
 from edgespec.drafters.controller_sim import H200_PROFILE, CostProfile  # noqa: E402
+from edgespec.drafters.suffix_cache import SuffixCache  # noqa: E402
 from edgespec.engine import Engine  # noqa: E402
 from edgespec.models.microbatch import decode_passes  # noqa: E402
 from edgespec.sampling import SamplingParams  # noqa: E402
 
 TRACES = Path(__file__).resolve().parent / "data" / "qwen_traces.json"
+AGENT_TRACES = Path(__file__).resolve().parent / "data" / "agent_traces.json"
 END = 151645  # Qwen's <|im_end|>: what the script answers past a recorded answer's end
 KEY = 8  # tokens of context that identify a place in a script
 
@@ -108,6 +116,15 @@ def load_traces(path: Path = TRACES) -> dict[str, list[dict]]:
     return classes
 
 
+def load_agent_traces(path: Path = AGENT_TRACES) -> dict[str, list[dict]]:
+    """The agent class's recorded replies, in the order its requests run (the held-out sequences left out)."""
+    return {"agent": load_traces(path)["agent"]}
+
+
+STRATEGIES = ("plain", "auto")
+AGENT_STRATEGIES = ("plain", "auto", "auto-nocache")
+
+
 def measure(
     classes: dict[str, list[dict]],
     lanes: int,
@@ -116,28 +133,36 @@ def measure(
     switch: float = 0.001,
     profile: CostProfile = H200_PROFILE,
     max_tokens: int | None = None,
+    in_order: bool = False,
 ) -> dict[tuple[str, str], list[float]]:
-    """(class, "plain" | "auto") -> [tokens, seconds, drafted, accepted], greedy, the strategies taking turns per
-    class and round; ``lanes`` clients at once, each class's prompts repeated to twice the lanes (at least 3)."""
+    """(class, strategy) -> [tokens, seconds, drafted, accepted], greedy, the strategies taking turns per class and
+    round; ``lanes`` clients at once, each class's prompts repeated to twice the lanes (at least 3). ``in_order``: each
+    class's prompts once each, in order, to the end of each recorded reply (the agent class: see the module doc), and
+    auto with the suffix cache and without it."""
     scripts = [t["prompt"] + t["output"] for traces in classes.values() for t in traces]
     model = ScriptedModel(scripts, profile, switch, n_seq=lanes)
-    engines = {
-        "plain": Engine(model, None, draft_len=0, lookup=False, parallel=lanes),
-        "auto": Engine(model, None, draft_len="auto", lookup=True, parallel=lanes),
-    }
+    strategies = AGENT_STRATEGIES if in_order else STRATEGIES
+    engines = {name: _engine(name, model, lanes, cache=in_order) for name in strategies}
     first = next(iter(classes.values()))[0]
     for engine in engines.values():  # the calibration and first calls out of the measurement
-        for _ in engine.stream(first["prompt"], SamplingParams(temperature=0.0, max_tokens=8), cache_prompt=False):
+        warm = engine.stream(first["prompt"], SamplingParams(temperature=0.0, max_tokens=8), cache_prompt=False)
+        for _ in warm:
             pass
     totals: dict[tuple[str, str], list[float]] = {}
     for r in range(rounds):
         for name, traces in classes.items():
-            jobs = [(t["prompt"], None) for t in traces] * (2 * lanes)
-            jobs = jobs[: max(2 * lanes, 3)]
-            n = min(len(t["output"]) for t in traces) if max_tokens is None else max_tokens
+            jobs = [(t["prompt"], None) for t in traces]
+            if not in_order:
+                jobs = (jobs * (2 * lanes))[: max(2 * lanes, 3)]
+            lengths = [len(t["output"]) for t in traces]
+            # in order, each to its recorded end (past it the script answers the end of turn); else all alike
+            n = max_tokens or (max(lengths) + 1 if in_order else min(lengths))
             params = SamplingParams(temperature=0.0, max_tokens=n)
-            for strategy in ("plain", "auto") if r % 2 == 0 else ("auto", "plain"):
-                record = closed_loop(engine_runner(engines[strategy]), jobs, lanes, params)
+            for strategy in strategies[r % len(strategies) :] + strategies[: r % len(strategies)]:
+                engine = engines[strategy]
+                if engine.suffix_cache is not None:  # the class's earlier replies only, as the bench's fresh engine
+                    engine.suffix_cache.clear()
+                record = closed_loop(engine_runner(engine), jobs, lanes, params)
                 x = totals.setdefault((name, strategy), [0.0, 0.0, 0.0, 0.0])
                 x[0] += record.generated
                 x[1] += record.wall
@@ -146,24 +171,38 @@ def measure(
     return totals
 
 
+def _engine(name: str, model: ScriptedModel, lanes: int, *, cache: bool) -> Engine:
+    if name == "plain":
+        return Engine(model, None, draft_len=0, lookup=False, parallel=lanes)
+    suffix_cache = SuffixCache() if cache and name == "auto" else None
+    return Engine(model, None, draft_len="auto", lookup=True, parallel=lanes, suffix_cache=suffix_cache, cache_scope=0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lanes", default="1,4", help="comma-separated numbers of clients at once")
     parser.add_argument("--rounds", type=int, default=2, help="rounds per class (the strategies' order alternates)")
     parser.add_argument("--switch-ms", type=float, default=1.0, help="what a change of width adds to a decode")
     parser.add_argument("--classes", default="", help="comma-separated classes (default: all six)")
+    parser.add_argument("--agent", action="store_true", help="the agent class in order, auto with and without a cache")
     args = parser.parse_args()
-    classes = load_traces()
+    classes = load_agent_traces() if args.agent else load_traces()
     if args.classes:
         classes = {c: classes[c] for c in args.classes.split(",")}
-    print(f"scripted target at H200_PROFILE's costs, +{args.switch_ms:g} ms a change of width; tok/s, auto/plain")
-    print(f"{'lanes':>5} {'class':<10} {'plain':>8} {'auto':>8} {'ratio':>6} {'drafted':>8} {'accepted':>8}")
+    others = AGENT_STRATEGIES[1:] if args.agent else STRATEGIES[1:]
+    print(f"scripted target at H200_PROFILE's costs, +{args.switch_ms:g} ms a change of width; tok/s, x plain")
+    heads = "".join(f" {s:>13} {'x':>6} {'drafted':>8} {'accepted':>8}" for s in others)
+    print(f"{'lanes':>5} {'class':<10} {'plain':>8}{heads}")
     for lanes in (int(x) for x in args.lanes.split(",")):
-        totals = measure(classes, lanes, rounds=args.rounds, switch=args.switch_ms / 1e3)
+        totals = measure(classes, lanes, rounds=args.rounds, switch=args.switch_ms / 1e3, in_order=args.agent)
         for name in classes:
-            plain, auto = totals[(name, "plain")], totals[(name, "auto")]
-            p, a = plain[0] / plain[1], auto[0] / auto[1]
-            print(f"{lanes:>5} {name:<10} {p:8.1f} {a:8.1f} {a / p:6.3f} {int(auto[2]):>8} {int(auto[3]):>8}")
+            plain = totals[(name, "plain")]
+            p = plain[0] / plain[1]
+            cells = ""
+            for s in others:
+                tokens, seconds, drafted, accepted = totals[(name, s)]
+                cells += f" {tokens / seconds:13.1f} {tokens / seconds / p:6.3f} {int(drafted):>8} {int(accepted):>8}"
+            print(f"{lanes:>5} {name:<10} {p:8.1f}{cells}")
 
 
 if __name__ == "__main__":

@@ -15,8 +15,8 @@ from edgespec.drafters.suffix_cache import SuffixCache
 DATA = Path(__file__).parent / "data"
 
 
-def test_the_agent_class_runs_only_when_named_and_keeps_its_sequences_in_order() -> None:
-    assert "agent" not in {t.name for t in load_tasks()}  # the default suite is unchanged
+def test_the_agent_class_is_in_the_suite_and_keeps_its_sequences_in_order() -> None:
+    assert "agent" in {t.name for t in load_tasks()}
     (task,) = load_tasks(["agent"])
     sequences = task.sequences()
     assert list(sequences) == ["tool-calls", "sql", "pytest", "extraction"]
@@ -63,3 +63,15 @@ def test_earlier_outputs_in_a_suffix_cache_raise_the_lookup_ceiling_of_every_age
             with_cache += best_schedule(lookup_or_cache(t["prompt"], t["output"], cache, name), cost)
             cache.add(name, t["prompt"][-LEAD:] + t["output"])
         assert plain / with_cache >= plain / alone + 0.25, (name, plain / alone, plain / with_cache)
+
+
+def test_the_bench_runs_auto_with_the_suffix_cache_and_auto_nocache_without() -> None:
+    from fakes import FakeModel
+
+    from edgespec.bench.strategies import engine_for, parse_strategies
+
+    assert parse_strategies(["auto", "auto-nocache"], has_draft=False) == ["plain", "auto", "auto-nocache"]
+    target = FakeModel()
+    auto, nocache = (engine_for(name, target, None, 4, 0.0) for name in ("auto", "auto-nocache"))
+    assert auto.suffix_cache is not None and auto.cache_scope is not None and nocache.suffix_cache is None
+    assert auto.draft_len == nocache.draft_len == "auto"

@@ -23,7 +23,7 @@ from edgespec.cli import main
 from edgespec.errors import EdgespecError
 from edgespec.sampling import SamplingParams
 
-SUITE = {"code-edit", "code-gen", "creative", "math", "structured", "summarize", "translate"}
+SUITE = {"agent", "code-edit", "code-gen", "creative", "math", "structured", "summarize", "translate"}
 ALL = ["plain", "draft-2", "draft-3", "draft-4", "lookup", "auto", *PEER_STRATEGIES]
 
 # Short classes for the tests of the bench's mechanics: a run prefills its prompt again, and the shipped classes'

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from gpu_regime import ScriptedModel, load_traces, measure
+from gpu_regime import AGENT_STRATEGIES, ScriptedModel, load_agent_traces, load_traces, measure
 
 from edgespec.api import Runtime
 from edgespec.drafters.controller_sim import H200_PROFILE, CostProfile
+from edgespec.drafters.suffix_cache import SuffixCache
 from edgespec.engine import Engine
 from edgespec.planner import Planner
 from edgespec.sampling import SamplingParams
@@ -31,6 +32,27 @@ def test_a_measurement_counts_every_class_and_strategy():
     assert set(totals) == {(c, s) for c in classes for s in ("plain", "auto")}
     for tokens, seconds, drafted, accepted in totals.values():
         assert tokens == 8 * 4 and seconds > 0 and 0 <= accepted <= drafted  # twice the lanes: 4 requests of 8
+
+
+def test_the_agent_class_replays_in_order_and_later_requests_draft_from_earlier_replies():
+    """The agent class's recorded replies, in order through one engine with a suffix cache: each reply is the
+    recorded one, and the later requests of a sequence draft from the earlier ones' replies."""
+    traces = load_agent_traces()["agent"][:4]  # the tool-call sequence's first four
+    model = ScriptedModel([t["prompt"] + t["output"] for t in traces], H200_PROFILE, switch=0.0)
+    engine = Engine(model, None, draft_len=8, lookup=True, suffix_cache=SuffixCache(), cache_scope=0)
+    drafted = []
+    for t in traces:
+        *_, done = engine.stream(t["prompt"], SamplingParams(temperature=0.0, max_tokens=len(t["output"]) + 1))
+        assert list(done.tokens) == t["output"] and done.finish_reason == "eos"
+        drafted.append(done.stats.cache_drafted)
+    assert drafted[0] == 0 and min(drafted[1:]) > 0
+
+
+def test_a_measurement_in_order_counts_auto_with_the_cache_and_without():
+    classes = {"agent": load_agent_traces()["agent"][:3]}
+    totals = measure(classes, lanes=1, rounds=1, switch=0.0, max_tokens=8, in_order=True)
+    assert set(totals) == {("agent", s) for s in AGENT_STRATEGIES}
+    assert all(tokens == 8 * 3 for tokens, *_ in totals.values())  # each request once
 
 
 def _lockstep_rounds(monkeypatch) -> list[list[int]]:

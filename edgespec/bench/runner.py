@@ -5,7 +5,9 @@ Strategies (names as ``--strategies`` takes them):
 * ``plain``: the target alone (γ = 0), the reference every speedup is a ratio to;
 * ``draft-N``: the draft model at a fixed γ = N, no lookup;
 * ``lookup``: prompt lookup at a fixed γ (``lookup_len``), plain rounds where it finds nothing;
-* ``auto``: the cost-aware controller over the draft model, lookup and plain;
+* ``auto``: the cost-aware controller over the draft model, lookup and plain, also drafting from the class's
+  earlier replies (a suffix cache, as ``edgespec.load`` keeps one by default);
+* ``auto-nocache``: the same without the suffix cache;
 * ``llama-cpp`` / ``llama-cpp-lookup``: llama-cpp-python's own ``Llama`` on the target file, plain and with
   its ``LlamaPromptLookupDecoding`` (γ = ``lookup_len``), as peers.
 
@@ -13,8 +15,9 @@ Fairness: every strategy uses the same loaded models (the peers load their own c
 the OS shares through mmap), one warm-up generation precedes timing, and for each prompt all strategies run
 back to back, starting at a rotating position, so load from other processes hits them alike. Only decoding is
 timed: the prompt's prefill (cached across strategies for the engine, not for peers) is excluded. ``auto``
-gets one fresh engine per task class, run over all of that class's prompts: its estimates carry over between
-prompts of one kind of text, as they would in a session, but no class benefits from what another taught it.
+gets one fresh engine per task class, run over all of that class's prompts in order: its estimates (and its
+suffix cache) carry over between prompts of one kind of text, as they would in a session, but no class benefits
+from what another taught it or wrote.
 
 One pass over a class is a few seconds of decoding per strategy, and on a shared 2-core VM the machine's speed moves
 by a few per cent between two runs seconds apart: a class's ratio to plain moves with it, and a share of the lookup
@@ -45,7 +48,14 @@ from edgespec.bench.measure import RunRecord, measure_engine
 from edgespec.bench.peers import Peer
 from edgespec.bench.probes import decode_costs
 from edgespec.bench.report import BenchResult
-from edgespec.bench.strategies import DEFAULT_LOOKUP_LEN, PEER_STRATEGIES, WARMUP_TOKENS, engine_for, parse_strategies
+from edgespec.bench.strategies import (
+    AUTO,
+    DEFAULT_LOOKUP_LEN,
+    PEER_STRATEGIES,
+    WARMUP_TOKENS,
+    engine_for,
+    parse_strategies,
+)
 from edgespec.bench.workloads import Task, prompt_job
 
 if TYPE_CHECKING:
@@ -131,8 +141,9 @@ def run_bench(
         i = 0
         for task in tasks:
             for repeat in range(repeats):
-                if "auto" in engines:  # fresh per task class and repeat: see the module docstring
-                    engines["auto"] = engine_for("auto", target, draft, lookup_len, p_min)
+                for name in AUTO:  # fresh per task class and repeat: see the module docstring
+                    if name in engines:
+                        engines[name] = engine_for(name, target, draft, lookup_len, p_min)
                 outputs: list[tuple[int, list[int], list[int]]] = []  # (record index, prompt, output) to price
                 for prompt in task.prompts:
                     order = strategies[i % len(strategies) :] + strategies[: i % len(strategies)]

@@ -27,8 +27,9 @@ def _split(value: str | None) -> list[str]:
 @model_options
 @click.option(
     "--tasks",
-    help="Comma-separated task classes (default: all): code-edit, code-gen, creative, math, structured, summarize, "
-    "translate (structured: replies held to a JSON schema or a tool call).",
+    help="Comma-separated task classes (default: all): agent, code-edit, code-gen, creative, math, structured, "
+    "summarize, translate (structured: replies held to a JSON schema or a tool call; agent: sequences of similar "
+    "requests, run in order).",
 )
 @click.option("--max-tokens", "-n", default=128, show_default=True, help="Tokens per prompt at most.")
 @click.option(
@@ -38,7 +39,8 @@ def _split(value: str | None) -> list[str]:
     "--strategies",
     default=",".join(ENGINE_STRATEGIES),
     show_default=True,
-    help="Comma-separated: plain, draft-N, lookup, auto (plain always runs: it is the reference).",
+    help="Comma-separated: plain, draft-N, lookup, auto, auto-nocache (auto without drafts from earlier replies; "
+    "plain always runs: it is the reference).",
 )
 @click.option(
     "--peers/--no-peers",
