@@ -11,7 +11,9 @@ proposal is right, at the cheapest widths), pooled over the sequence, priced at 
 * *+earlier*: prompt lookup with the earlier outputs of the same sequence placed before the prompt;
 * *lookup|cache*: at each position the longer right proposal of prompt lookup (own text) and of a
   :class:`~edgespec.drafters.suffix_cache.SuffixCache` holding the earlier requests (each output led by the last
-  ``LEAD`` tokens of its prompt), as a drafter choosing between the two could at best.
+  ``LEAD`` tokens of its prompt), as a drafter choosing between the two could at best;
+* *lookup|cache, 1 ms a width change* (H200 only): the same, where a decode whose width differs from the last one's
+  costs 1 ms more (llama.cpp builds a new graph), as the GPU emulation (tests/gpu_regime.py) prices it.
 """
 
 from __future__ import annotations
@@ -47,6 +49,24 @@ def best_schedule(agree: list[int], cost: Callable[[int], float]) -> float:
     return best[0]
 
 
+SWITCH = 0.001  # seconds a change of width adds, as tests/gpu_regime.py's default
+
+
+def best_schedule_with_switch(agree: list[int], cost: Callable[[int], float], switch: float = SWITCH) -> float:
+    """:func:`best_schedule` where a decode of another width than the last one's costs ``switch`` more (the state is
+    the last decode's width; the first decode follows a plain one)."""
+    widths = range(1, MAX_GAMMA + 2)
+    costs = [0.0] + [cost(b) for b in widths]
+    best = [[0.0] * (MAX_GAMMA + 2) for _ in range(len(agree) + 1)]  # best[i][w]: output[i:] after a width-w decode
+    for i in range(len(agree) - 1, -1, -1):
+        for w in widths:
+            best[i][w] = min(
+                costs[g + 1] + (switch if g + 1 != w else 0.0) + best[i + g + 1][g + 1]
+                for g in range(min(agree[i], MAX_GAMMA) + 1)
+            )
+    return best[0][1]
+
+
 def lookup_or_cache(prompt: list[int], output: list[int], cache: SuffixCache, scope: object) -> list[int]:
     """At each output position, the longer right proposal of prompt lookup and of the cache."""
     lookup = LookupDrafter()
@@ -68,14 +88,17 @@ def seconds(traces: list[dict]) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for curve, cost in CURVES.items():
         cache = SuffixCache()
-        took = {"plain": 0.0, "prompt": 0.0, "+earlier": 0.0, "lookup|cache": 0.0}
+        took = {"plain": 0.0, "prompt": 0.0, "+earlier": 0.0, "lookup|cache": 0.0, "+switch": 0.0}
         earlier: list[int] = []
         for t in traces:
             prompt, output = t["prompt"], t["output"]
             took["plain"] += len(output) * cost(1)
             took["prompt"] += lookup_ceiling(prompt, output, cost, MAX_GAMMA)
             took["+earlier"] += lookup_ceiling(earlier + prompt, output, cost, MAX_GAMMA)
-            took["lookup|cache"] += best_schedule(lookup_or_cache(prompt, output, cache, "s"), cost)
+            agree = lookup_or_cache(prompt, output, cache, "s")
+            took["lookup|cache"] += best_schedule(agree, cost)
+            if curve == "H200":
+                took["+switch"] += best_schedule_with_switch(agree, cost)
             earlier += output
             cache.add("s", prompt[-LEAD:] + output)
         out[curve] = took
@@ -83,6 +106,7 @@ def seconds(traces: list[dict]) -> dict[str, dict[str, float]]:
 
 
 WAYS = ("prompt", "+earlier", "lookup|cache")
+COLUMNS = [(c, w) for c in CURVES for w in WAYS] + [("H200", "+switch")]
 
 
 def main() -> None:
@@ -91,11 +115,11 @@ def main() -> None:
     for t in data["traces"]:
         by_sequence.setdefault((t["task"], t["sequence"]), []).append(t)
     print("lookup ceiling (speedup over plain), requests of a sequence run in order; γ <= 16")
-    print(f"{'sequence':<28}{'n':>3}{'tokens':>7}" + "".join(f"{c + ' ' + w:>18}" for c in CURVES for w in WAYS))
+    print(f"{'sequence':<28}{'n':>3}{'tokens':>7}" + "".join(f"{c + ' ' + w:>18}" for c, w in COLUMNS))
     pooled: dict[str, dict[str, dict[str, float]]] = {}
 
     def row(name: str, n: int, tokens: int, took: dict[str, dict[str, float]]) -> None:
-        cells = "".join(f"{took[c]['plain'] / took[c][w]:>17.2f}x" for c in CURVES for w in WAYS)
+        cells = "".join(f"{took[c]['plain'] / took[c][w]:>17.2f}x" for c, w in COLUMNS)
         print(f"{name:<28}{n:>3}{tokens:>7}{cells}")
 
     counts: dict[str, tuple[int, int]] = {}
