@@ -33,7 +33,7 @@ The controller's own Python is a cost of every round too: nothing beside a CPU's
 (docs/benchmarks.md, "auto's own loop beside a GPU's step"). It is timed (:meth:`Controller.plan` and
 :meth:`Controller.observe`, by the rows a round drafted) and charged to the plans like the decode.
 
-This module is one class, a little over 500 lines: the Controller's planning reads the estimates its bookkeeping
+This module is one class, a little under 600 lines: the Controller's planning reads the estimates its bookkeeping
 keeps, and split apart each half would reach into the other's state.
 """
 
