@@ -417,7 +417,9 @@ class FirstTokens:
         where a fresh prefill of each took most of the test's time). The KV cut is checked on its own against a
         fresh prefill (test_target_kv_after_rounds_with_rejections_equals_a_fresh_prefill)."""
         kv = self.reference.slots[0].kv_tokens
-        keep = min(len(prefix) - 1, next((i for i, (a, b) in enumerate(zip(kv, prefix)) if a != b), len(kv)))
+        pairs = enumerate(zip(kv, prefix, strict=False))
+        shared = next((i for i, (a, b) in pairs if a != b), len(kv))
+        keep = min(len(prefix) - 1, shared)
         if keep < len(self.prompt):
             keep = 0
         self.reference.truncate(keep)
