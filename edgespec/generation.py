@@ -7,6 +7,9 @@ baseline, the fallback and the speculative path share every line.
 The round is cut in two around the target's decode, because that decode is shared: the engine asks every active
 request for its verify rows (:meth:`Generation.propose`, then :meth:`Generation.part`), runs one decode over all of
 them, and hands each its scores back (:meth:`Generation.settle`). A lone request is the same with one part.
+
+One module of ~550 lines because it is one object's life: a request's rounds, its prefill and its events share the
+committed tokens, the lane and the controller, and apart each half would reach into the other's state.
 """
 
 from __future__ import annotations
