@@ -57,6 +57,33 @@ def test_evidence_goes_to_the_bucket_of_the_proposals_agreement():
     assert f.survival(1) == pytest.approx([f._prior[f._bucket][0]])
 
 
+def test_survival_follows_every_commit_and_offer():
+    """Worked out once per proposal and evidence: asked again after a commit or another offer, it is the new one."""
+    f = LookupForecast(8)
+
+    def fresh(length: int) -> list[float]:
+        s, out = 1.0, []
+        for h in f.hazard(f._bucket, min(length, len(f._offer))):
+            s *= h
+            out.append(s)
+        return out
+
+    f.offer([1, 2, 3, 4], agreement=2)
+    assert f.survival(1) == fresh(1)
+    assert f.survival(4) == fresh(4)  # longer than asked before
+    assert f.survival(2) == fresh(2)  # shorter: a prefix of it
+    before = f.survival(4)
+    f.commit([1, 2, 3, 4])  # the proposal was right: evidence for its bucket
+    f.offer([1, 2, 3, 4], agreement=2)
+    assert f.survival(4) == fresh(4)
+    assert f.survival(4)[3] > before[3]
+    f.offer([1, 2, 3, 4, 5, 6], agreement=0)  # another proposal, another bucket, before any commit
+    assert f.survival(2) == fresh(2)
+    assert f.survival(6) == fresh(6)
+    f.reset()
+    assert f.survival(4) == []
+
+
 def test_each_token_counts_as_soon_as_it_is_committed():
     # A long proposal that goes on being right says so token by token, not only once it is settled: while a copy
     # runs, the evidence that it runs is what the next rounds' plans need.

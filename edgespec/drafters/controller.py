@@ -256,7 +256,8 @@ class Controller:
             if forecast is None:
                 continue
             forecast.offer(free.tokens, free.agreement, free.from_prompt)
-            expected = sum(forecast.survival(len(free.tokens)))
+            # Weighed only against another proposal (on most rounds there is one): the first offered wins a tie.
+            expected = sum(forecast.survival(len(free.tokens))) if len(found) > 1 else 0.0
             if expected > most:
                 best, most = free, expected
                 self._free, self._free_source = forecast, free.source

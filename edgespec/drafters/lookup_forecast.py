@@ -115,6 +115,7 @@ class LookupForecast:
         self.max_agreement = max_agreement
         self._bucket = 0  # the current proposal's agreement_bucket
         self._offer: list[int] = []
+        self._survival: list[float] = []  # the current proposal's S(k), as far as worked out (see survival)
         self._predicted = 0.0  # faded count of this request's committed tokens that the proposal before them predicted
         self._committed = 0.0  # faded count of this request's committed tokens
         self._pending: list[_Pending] = []
@@ -134,6 +135,7 @@ class LookupForecast:
         """The lookup proposal at the current position (empty if it found none), its ``agreement``, and whether its
         n-gram occurred once before, in the prompt (``from_prompt``)."""
         self._offer = [int(t) for t in tokens[: self.max_len]]
+        self._survival = []
         config = self.config
         if from_prompt and self.coverage >= config.copying_coverage:
             agreement = max(agreement, config.copy_agreement)  # a copy going on past an edit
@@ -149,7 +151,12 @@ class LookupForecast:
     def survival(self, length: int) -> list[float]:
         """``S[k-1]``: estimated chance that the current proposal's first k tokens are all accepted, k ≤ length."""
         length = min(length, len(self._offer))
-        return list(accumulate(self.hazard(self._bucket, length), operator.mul))
+        # A round asks for it several times (the offer, the plan, lockstep): worked out once per proposal and
+        # evidence, as far as asked for so far.
+        known = self._survival
+        if len(known) < length:
+            known = self._survival = list(accumulate(self.hazard(self._bucket, length), operator.mul))
+        return known[:length]
 
     def commit(self, tokens: Sequence[int]) -> None:
         """The tokens the round committed, in order: they settle (part of) the pending proposals."""
@@ -158,6 +165,7 @@ class LookupForecast:
             return
         self._count_coverage(committed)
         self._offer = []
+        self._survival = []
         self._scale *= self.decay ** len(committed)
         if self._scale < 1e-100:  # fold the fade into the counts before 1 / scale overflows
             for rows in (self._trials, self._hits):
@@ -185,6 +193,7 @@ class LookupForecast:
         evidence stays."""
         self._pending.clear()
         self._offer = []
+        self._survival = []
         self._predicted = self._committed = 0.0
 
     @property
