@@ -7,7 +7,8 @@ from itertools import combinations
 import numpy as np
 import pytest
 
-from edgespec.drafters.tree import Branch, best_tree, trie
+from edgespec.drafters.suffix_cache import SuffixCache
+from edgespec.drafters.tree import Branch, best_tree, from_occurrences, trie
 from edgespec.tree_verify import children
 
 
@@ -95,3 +96,37 @@ def test_every_prefix_is_the_best_tree_of_its_size(seed: int):
             assert (parent == -1) == (branches[token].parent == -1)
             if parent >= 0:
                 assert drafted.tree.tokens[parent] == branches[token].parent
+
+
+def test_a_trie_of_what_followed_earlier_occurrences():
+    rows = [[1, 2, 3], [1, 2, 4], [1, 5], [6]]
+    branches = from_occurrences(rows, max_nodes=10)
+    drafted = best_tree(branches, rows=10)
+    assert drafted.tree.tokens[:2] == [1, 2]  # the likeliest path first: 1 (3 of 4 rows), then 2 (2 of 3)
+    assert drafted.worth[:2] == pytest.approx([0.75, 0.5])
+    assert sorted(drafted.worth[2:]) == pytest.approx([0.25] * 4)  # 6; 5 under 1; 3 and 4 under 2
+    kids = children(drafted.tree)
+    under_2 = [drafted.tree.tokens[k] for k in kids[1 + 1]]
+    assert under_2 == [4, 3]  # equally likely: the latest occurrence's first
+    assert len(from_occurrences(rows, max_nodes=3)) == 3
+    assert [b.token for b in from_occurrences(rows, max_nodes=10, min_prob=0.4)] == [1, 2, 4, 3]
+    assert from_occurrences([], max_nodes=4) == []
+
+
+def test_the_caches_continuations_branch_where_its_chain_proposal_goes_one_way():
+    cache = SuffixCache()
+    prompt_tail = [11, 12, 13, 14]
+    for reply in ([20, 21, 22, 23], [20, 21, 30, 31], [20, 21, 22, 24]):
+        cache.add("s", prompt_tail + reply)
+    context = [9, *prompt_tail]
+    rows, match_len = cache.continuations("s", context, 8)
+    assert match_len == 4 and rows == [[20, 21, 22, 23], [20, 21, 30, 31], [20, 21, 22, 24]]
+    chain = cache.propose("s", context, 8, min_prob=0.0)
+    drafted = best_tree(from_occurrences(rows, max_nodes=16), rows=16)
+    first_path, node, kids = [], -1, children(drafted.tree)
+    while kids[node + 1]:
+        node = kids[node + 1][0]
+        first_path.append(drafted.tree.tokens[node])
+    assert first_path == list(chain.tokens)  # the tree's first path is the chain the cache proposes
+    assert 30 in drafted.tree.tokens and 31 in drafted.tree.tokens  # and the branch it does not take is there
+    assert cache.continuations("other", context, 8) == ([], 0)  # another scope sees nothing

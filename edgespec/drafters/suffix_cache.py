@@ -279,12 +279,37 @@ class SuffixCache:
     ) -> CacheProposal:
         """Up to ``max_len`` tokens to follow ``context`` (the request's prompt and output so far; only its last
         ``max_match`` tokens are read), from the longest match among ``scope``'s entries; :data:`EMPTY` if none."""
-        s = self._scopes.get(scope)
-        if s is None or max_len < 1:
+        match = self._match(scope, context) if max_len >= 1 else None
+        if match is None:
             return EMPTY
+        buf, occ, match_len = match
+        return _walk(buf, occ, match_len, max_len, min_prob)
+
+    def continuations(
+        self, scope: Hashable, context: Sequence[int], max_len: int, *, limit: int = _FEW
+    ) -> tuple[list[list[int]], int]:
+        """What followed each of the latest ``limit`` occurrences of the longest match (up to ``max_len`` tokens
+        each, to the end of its entry), oldest first, and the match's length: the branches a draft tree can take
+        (:func:`edgespec.drafters.tree.from_occurrences`). No rows where nothing matches."""
+        match = self._match(scope, context) if max_len >= 1 else None
+        if match is None:
+            return [], 0
+        buf, occ, match_len = match
+        rows = []
+        for p in occ[-limit:]:
+            row = buf[p : p + max_len].tolist()
+            rows.append(row[: row.index(_SENTINEL)] if _SENTINEL in row else row)
+        return rows, match_len
+
+    def _match(self, scope: Hashable, context: Sequence[int]) -> tuple[np.ndarray, list[int], int] | None:
+        """The scope's token array, the positions that follow the longest match of the context's tail (ascending),
+        and its length; None where nothing matches."""
+        s = self._scopes.get(scope)
+        if s is None:
+            return None
         tail = [int(t) for t in context[-self.max_match :]]
         if len(tail) < LEVELS[0]:
-            return EMPTY
+            return None
         keys = _tail_hashes(tail)
         for j in range(len(keys) - 1, -1, -1):  # the longest indexed n-gram of the tail that occurs
             found = s.occurrences(j, keys[j], self.window)
@@ -293,9 +318,8 @@ class SuffixCache:
             agree = _agreement(s.buf, found, tail)
             best = max(agree)
             if best >= LEVELS[j]:  # (else only other n-grams share the bucket: a shorter one is tried)
-                occ = [p for p, a in zip(found, agree, strict=True) if a == best]
-                return _walk(s.buf, occ, best, max_len, min_prob)
-        return EMPTY
+                return s.buf, [p for p, a in zip(found, agree, strict=True) if a == best], best
+        return None
 
     # ----- persistence -----------------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike, model: str) -> None:

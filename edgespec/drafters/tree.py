@@ -14,7 +14,8 @@ order EAGLE-2 grows its trees in, so every prefix of its nodes is itself the bes
 weighs n rows of a tree against the decode's cost exactly as it weighs γ for a chain (whose worths are
 S(1) ≥ S(2) ≥ ...).
 
-Cost: O(n log b) for n nodes taken from a trie of b branches (a heap of the frontier).
+Cost: O(n log b) for n nodes taken from a trie of b branches (a heap of the frontier); a trie of the continuations
+of r earlier occurrences (:func:`from_occurrences`) O(r) a node it grows.
 """
 
 from __future__ import annotations
@@ -99,3 +100,37 @@ def best_tree(branches: Sequence[Branch], rows: int) -> Drafted:
         for k in kids[i + 1]:
             heapq.heappush(frontier, (neg * branches[k].p, k, node))
     return Drafted(Tree(tokens, parents), worth)
+
+
+def from_occurrences(rows: Sequence[Sequence[int]], max_nodes: int, min_prob: float = 0.0) -> list[Branch]:
+    """The trie of what followed several occurrences of one match (``rows``, oldest first: the suffix cache's
+    :meth:`~edgespec.drafters.suffix_cache.SuffixCache.continuations`, the continuations of an n-gram lookup found
+    more than once), its ``max_nodes`` worthiest nodes, best first: each token's estimate is the share of the rows
+    at its parent that go on with it (a row that ends there still counts, as the cache's chain walk counts it), and
+    a token under ``min_prob`` is left out. Of equally worthy nodes the latest row's comes first, so the trie's
+    first path is the cache's chain proposal."""
+    branches: list[Branch] = []
+    # Candidate nodes: (-worth, tie-break, parent branch, token, estimate, depth, the rows that go through it).
+    frontier: list[tuple[float, tuple[int, int], int, int, float, int, list[Sequence[int]]]] = []
+    order = 0
+
+    def offer(parent: int, worth: float, depth: int, here: list[Sequence[int]]) -> None:
+        nonlocal order
+        going: dict[int, list[Sequence[int]]] = {}
+        latest: dict[int, int] = {}
+        for i, row in enumerate(here):
+            if depth < len(row):
+                going.setdefault(row[depth], []).append(row)
+                latest[row[depth]] = i
+        for token, through in going.items():
+            p = len(through) / len(here)
+            if p >= min_prob and p > 0.0:
+                order += 1
+                heapq.heappush(frontier, (-worth * p, (-latest[token], order), parent, token, p, depth, through))
+
+    offer(-1, 1.0, 0, list(rows))
+    while frontier and len(branches) < max_nodes:
+        neg, _, parent, token, p, depth, through = heapq.heappop(frontier)
+        branches.append(Branch(int(token), parent, p))
+        offer(len(branches) - 1, -neg, depth + 1, through)
+    return branches
