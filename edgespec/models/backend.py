@@ -181,6 +181,8 @@ class Model:
     :attr:`max_verify_rows`); flash attention splits a single query over threads once the KV holds 512 cells,
     for an F16/F32 cache only (the cache is BF16, which no batch shape treats differently). It costs decode speed.
     The GPU backends were not checked.
+    ``tree_sequences``: sequence ids 1..tree_sequences reserved for the branches of a draft tree decoded in one batch
+    (:mod:`edgespec.models.tree_kv`); only with ``n_seq`` 1. 0 (the default) changes nothing.
     """
 
     @runs_on_llama_thread  # loaded (and warmed up) on the thread every decode runs on
@@ -194,11 +196,16 @@ class Model:
         n_batch: int = 512,
         bit_exact: bool = False,
         n_seq: int = 1,
+        tree_sequences: int = 0,
         progress: LoadProgress | None = None,
     ) -> None:
         init_backend()
         if n_seq < 1:
             raise ValueError(f"n_seq must be >= 1, got {n_seq}")
+        # llama.cpp's output buffer holds max(rows, n_seq_max) rows, a GGML_ASSERT against n_outputs_max (MAX_ROWS)
+        if not 0 <= tree_sequences < MAX_ROWS or (tree_sequences and n_seq != 1):
+            raise ValueError(f"tree_sequences must be 0..{MAX_ROWS - 1}, and only with n_seq 1 (got {tree_sequences})")
+        self.tree_sequences = tree_sequences
         self.path = Path(path)
         if not self.path.is_file():
             raise ModelError(f"model file not found: {self.path}")
@@ -236,7 +243,7 @@ class Model:
         ctx_params.n_ctx = n_ctx * n_seq
         ctx_params.n_batch = self.n_batch
         ctx_params.n_ubatch = self.n_batch
-        ctx_params.n_seq_max = n_seq
+        ctx_params.n_seq_max = n_seq + tree_sequences
         # A KV buffer per sequence (kv_unified off), although llama.cpp then splits a decode into micro-batches of
         # consecutive sequence ids that each take the same number of tokens from every sequence in it
         # (split_equal): sequences with 1, 1, 1 and 3 rows run as a pass of 4 rows, then one of 2, so a draft
@@ -246,7 +253,9 @@ class Model:
         # at temperature 1.5 sent twice gave other text the second time
         # (test_n_choices_share_the_prompt_and_each_is_seeded_apart). The likely cause, not confirmed: a
         # sequence's attention runs over the whole pool, so its sums depend on where the others' cells sit.
-        ctx_params.kv_unified = False
+        # A draft tree (tree_sequences > 0) needs the one pool: a node shared by several branches is a token of several
+        # sequences at once ("coupled"), which llama.cpp's per-sequence split refuses (split_equal, sequential).
+        ctx_params.kv_unified = tree_sequences > 0
         ctx_params.n_outputs_max = MAX_ROWS
         ctx_params.n_outputs_max_per_seq = MAX_ROWS  # llama.cpp's default, 1, is too few for a verify
         ctx_params.n_threads = self.n_threads
