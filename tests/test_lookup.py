@@ -297,3 +297,13 @@ def test_a_proposal_ends_with_the_first_end_of_generation_it_copies():
     assert propose(drafter, [1, 2, 3, 4, 5, 6, 3, 4, end, 8, 3, 4], 8) == [end]
     drafter.reset([1, 2, 3, 4, 5, 6, 3, 4])
     assert propose(drafter, [1, 2, 3, 4, 5, 6, 3, 4], 4) == [5, 6, 3, 4]
+
+
+def test_continuations_are_what_followed_each_earlier_occurrence():
+    lookup = LookupDrafter()
+    text = [7, 8, 9, 1, 2, 7, 8, 9, 3, 4, 5, 7, 8, 9]
+    rows = lookup.continuations(text, 3)
+    assert rows == [[1, 2, 7], [3, 4, 5]]  # oldest first, each cut at 3 tokens
+    assert lookup.continuations(text, 3, limit=1) == [[3, 4, 5]]
+    assert lookup.continuations([1, 2, 3, 4], 3) == []  # no n-gram occurs twice
+    assert lookup.continuations(text, 0) == []

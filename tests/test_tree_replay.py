@@ -4,7 +4,7 @@ chain, and plain decoding is one decode a token."""
 from __future__ import annotations
 
 import pytest
-from tree_replay import Clock, replay
+from tree_replay import Clock, FromCache, replay
 
 from edgespec.drafters.suffix_cache import SuffixCache
 
@@ -18,7 +18,7 @@ def _run(policy: str, earlier: list[list[int]], prompt: list[int], output: list[
     for out in earlier:
         cache.add("s", prompt[-4:] + out)
     clock = Clock(_cost, switch=0.0)
-    rounds = replay(prompt, output, cache, "s", policy, rows, clock)
+    rounds = replay(prompt, output, FromCache(cache, "s"), policy, rows, clock)
     return rounds, clock.seconds
 
 

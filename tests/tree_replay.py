@@ -1,4 +1,5 @@
-"""Trees against chains of the same rows, drafted from the suffix cache, on the agent sequences' recorded outputs.
+"""Trees against chains of the same rows, on the recorded outputs: the agent sequences' from the suffix cache, the
+bench's other classes (tests/data/qwen_traces.json) from prompt lookup's several earlier occurrences.
 
     .venv/bin/python tests/tree_replay.py
 
@@ -26,14 +27,17 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Protocol
 
 from edgespec.drafters.controller_sim import H200_PROFILE
+from edgespec.drafters.lookup import LookupDrafter
 from edgespec.drafters.suffix_cache import MIN_PROB, SuffixCache
 from edgespec.drafters.tree import best_tree, from_occurrences
 from edgespec.models.tree_kv import tree_order
 from edgespec.tree_verify import verify_tree_greedy
 
 DATA = Path(__file__).resolve().parent / "data" / "agent_traces.json"
+TRACES = Path(__file__).resolve().parent / "data" / "qwen_traces.json"  # the bench's other classes
 LEAD = 8  # prompt tokens cached before each output, as tests/agent_ceiling.py
 SWITCH = 0.001
 BUDGETS = (2, 4, 8, 16)
@@ -51,22 +55,53 @@ class Clock:
         self._last = rows
 
 
-def replay(
-    prompt: list[int], output: list[int], cache: SuffixCache, scope: object, policy: str, rows: int, clock: Clock
-) -> int:
-    """One request's rounds under ``policy`` ("plain", "chain", "tree"); returns the rounds it took."""
+class Source(Protocol):
+    """Where a round's drafts come from: a chain proposal, or the continuations of several earlier occurrences."""
+
+    def propose(self, context: list[int], max_len: int) -> Sequence[int]: ...
+
+    def continuations(self, context: list[int], max_len: int) -> list[list[int]]: ...
+
+
+class FromCache:
+    def __init__(self, cache: SuffixCache, scope: object) -> None:
+        self.cache, self.scope = cache, scope
+
+    def propose(self, context: list[int], max_len: int) -> Sequence[int]:
+        return self.cache.propose(self.scope, context, max_len).tokens
+
+    def continuations(self, context: list[int], max_len: int) -> list[list[int]]:
+        return self.cache.continuations(self.scope, context, max_len)[0]
+
+
+class FromLookup:
+    """Prompt lookup over the request's own text (a new one per request)."""
+
+    def __init__(self) -> None:
+        self.lookup = LookupDrafter()
+
+    def propose(self, context: list[int], max_len: int) -> Sequence[int]:
+        return self.lookup.propose(context, max_len).tokens
+
+    def continuations(self, context: list[int], max_len: int) -> list[list[int]]:
+        return self.lookup.continuations(context, max_len)
+
+
+def replay(prompt: list[int], output: list[int], source: Source, policy: str, rows: int, clock: Clock) -> int:
+    """One request's rounds under ``policy`` ("plain", "chain", "tree", "tree, kept in place"); returns the rounds
+    it took."""
     context, i, rounds = list(prompt), 0, 0
     while i < len(output):
         room = min(rows, len(output) - i - 1)
         target = output[i:]
         accepted, width, redo = 0, 1, 0
         if policy == "chain" and room > 0:
-            chain = cache.propose(scope, context, room).tokens
+            chain = source.propose(context, room)
             while accepted < len(chain) and chain[accepted] == target[accepted]:
                 accepted += 1
             width = 1 + len(chain)
         elif policy in ("tree", "tree, kept in place") and room > 0:
-            found, _ = cache.continuations(scope, context, room)
+            found = source.continuations(context, room)
             tree = best_tree(from_occurrences(found, room, MIN_PROB), room).tree
             depth = _depths(tree.parents)
             # The target's argmax after each node: the recorded token at that depth where the node's path is the
@@ -95,30 +130,36 @@ def _depths(parents: Sequence[int]) -> list[int]:
     return depth
 
 
-def seconds(traces: list[dict], policy: str, rows: int) -> float:
+def seconds(traces: list[dict], policy: str, rows: int, source: str) -> float:
+    """A sequence's requests in order, drafting from the earlier ones (``source`` "cache"), or each from its own text
+    ("lookup")."""
     cache, clock = SuffixCache(), Clock(H200_PROFILE.verify)
     for t in traces:
-        replay(t["prompt"], t["output"], cache, "s", policy, rows, clock)
+        drafts: Source = FromCache(cache, "s") if source == "cache" else FromLookup()
+        replay(t["prompt"], t["output"], drafts, policy, rows, clock)
         cache.add("s", t["prompt"][-LEAD:] + t["output"])
     return clock.seconds
 
 
 def main() -> None:
-    data = json.loads(DATA.read_text())
     by_class: dict[str, list[list[dict]]] = {}
     sequences: dict[tuple[str, str], list[dict]] = {}
-    for t in data["traces"]:
+    for t in json.loads(DATA.read_text())["traces"]:
         sequences.setdefault((t["task"], t["sequence"]), []).append(t)
     for (task, _), traces in sequences.items():
         by_class.setdefault(task, []).append(traces)
-    print("suffix-cache drafts at the H200 curve (+1 ms a width change), x plain; rows: drafted rows a round")
+    for t in json.loads(TRACES.read_text())["traces"]:  # each request alone
+        by_class.setdefault(t["task"], []).append([t])
+    print("drafts at the H200 curve (+1 ms a width change), x plain; rows: drafted rows a round")
+    print("the agent classes draft from the suffix cache, the others with prompt lookup")
     print(f"{'class':<16}{'rows':>5}{'chain':>8}{'tree':>8}{'tree/chain':>12}{'kept in place':>15}{'/chain':>8}")
     for task, seqs in by_class.items():
-        plain = sum(seconds(s, "plain", 0) for s in seqs)
+        source = "cache" if "agent" in task else "lookup"
+        plain = sum(seconds(s, "plain", 0, source) for s in seqs)
         for rows in BUDGETS:
-            chain = sum(seconds(s, "chain", rows) for s in seqs)
-            tree = sum(seconds(s, "tree", rows) for s in seqs)
-            kept = sum(seconds(s, "tree, kept in place", rows) for s in seqs)
+            chain = sum(seconds(s, "chain", rows, source) for s in seqs)
+            tree = sum(seconds(s, "tree", rows, source) for s in seqs)
+            kept = sum(seconds(s, "tree, kept in place", rows, source) for s in seqs)
             print(
                 f"{task:<16}{rows:>5}{plain / chain:>7.3f}x{plain / tree:>7.3f}x{chain / tree:>11.3f}x"
                 f"{plain / kept:>14.3f}x{chain / kept:>7.3f}x"

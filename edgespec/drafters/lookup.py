@@ -160,6 +160,21 @@ class LookupDrafter:
                 return Draft([subs.get(t, t) for t in copied] if subs else copied, None)
         return Draft.empty()
 
+    def continuations(self, context: Sequence[int], max_len: int, limit: int = 16) -> list[list[int]]:
+        """What followed each of the latest ``limit`` earlier occurrences of the context's longest suffix n-gram
+        (up to ``max_len`` tokens each, oldest first, as written: no substitutions, no going around a loop): the
+        branches a draft tree can take (:func:`edgespec.drafters.tree.from_occurrences`). Empty where none occurs."""
+        if max_len <= 0:
+            return []
+        self._sync(context)
+        tokens = self._tokens
+        end = len(tokens)
+        for n in range(min(self.max_n, end - 1), self.min_n - 1, -1):
+            hits = self._index[n - self.min_n].get(tuple(tokens[end - n :]))
+            if hits:
+                return [tokens[e : min(e + max_len, end)] for e in hits[-limit:]]
+        return []
+
     def commit(self, context: Sequence[int]) -> None:
         """Index the tokens committed since the last call."""
         self._sync(context)
