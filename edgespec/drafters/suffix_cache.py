@@ -42,6 +42,9 @@ the tail, O(window) chain steps in Python at the longest length found, O(window 
 window) to walk: independent of how many tokens the cache holds. A query runs every round of a request that has a
 scope, so the few occurrences that are the rule are verified and walked in plain Python (a numpy call costs more
 than comparing a few tokens), the many in numpy.
+
+The module is a little over 500 lines: one structure, the writes that keep its arrays and the queries that read them
+(split apart, each half would reach into the other's arrays), and its file format.
 """
 
 from __future__ import annotations
