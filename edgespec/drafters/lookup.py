@@ -138,27 +138,27 @@ class LookupDrafter:
         self._sync(context)
         tokens = self._tokens
         end = len(tokens)
-        for n in range(min(self.max_n, end - 1), self.min_n - 1, -1):
-            hits = self._index[n - self.min_n].get(tuple(tokens[end - n :]))
-            if hits:
-                self.last_ngram = n
-                subs = self.substitutions
-                e, self.last_agreement = self._source(hits, n, end)  # e < end: at least one token follows
-                self.last_from_prompt = len(hits) == 1 and e < self._given
-                # Where the copy reaches the end of the text, the text is repeating with period end - e: go on
-                # around the loop (a model stuck in a loop, a table's rows) instead of stopping there.
-                period = end - e
-                if self.learn_substitutions and (self._copy is None or self._copy.changed is None):
-                    # (a change waits for its copy to resume)
-                    self._copy = _Copy(offset=period, since=end)
-                ends = self._ends
-                if ends:
-                    first = bisect_left(ends, e)  # the first end at or after e (a copy going around meets it first)
-                    if first < len(ends):
-                        max_len = min(max_len, ends[first] - e + 1)
-                copied = [tokens[e + i % period] for i in range(max_len)]
-                return Draft([subs.get(t, t) for t in copied] if subs else copied, None)
-        return Draft.empty()
+        match = self._longest_match()
+        if match is None:
+            return Draft.empty()
+        n, hits = match
+        self.last_ngram = n
+        subs = self.substitutions
+        e, self.last_agreement = self._source(hits, n, end)  # e < end: at least one token follows
+        self.last_from_prompt = len(hits) == 1 and e < self._given
+        # Where the copy reaches the end of the text, the text is repeating with period end - e: go on
+        # around the loop (a model stuck in a loop, a table's rows) instead of stopping there.
+        period = end - e
+        if self.learn_substitutions and (self._copy is None or self._copy.changed is None):
+            # (a change waits for its copy to resume)
+            self._copy = _Copy(offset=period, since=end)
+        ends = self._ends
+        if ends:
+            first = bisect_left(ends, e)  # the first end at or after e (a copy going around meets it first)
+            if first < len(ends):
+                max_len = min(max_len, ends[first] - e + 1)
+        copied = [tokens[e + i % period] for i in range(max_len)]
+        return Draft([subs.get(t, t) for t in copied] if subs else copied, None)
 
     def continuations(self, context: Sequence[int], max_len: int, limit: int = 16) -> list[list[int]]:
         """What followed each of the latest ``limit`` earlier occurrences of the context's longest suffix n-gram
@@ -167,13 +167,21 @@ class LookupDrafter:
         if max_len <= 0:
             return []
         self._sync(context)
+        match = self._longest_match()
+        if match is None:
+            return []
+        tokens, end = self._tokens, len(self._tokens)
+        return [tokens[e : min(e + max_len, end)] for e in match[1][-limit:]]
+
+    def _longest_match(self) -> tuple[int, list[int]] | None:
+        """The longest suffix n-gram of the indexed text that occurred before, and the ends of its occurrences."""
         tokens = self._tokens
         end = len(tokens)
         for n in range(min(self.max_n, end - 1), self.min_n - 1, -1):
             hits = self._index[n - self.min_n].get(tuple(tokens[end - n :]))
             if hits:
-                return [tokens[e : min(e + max_len, end)] for e in hits[-limit:]]
-        return []
+                return n, hits
+        return None
 
     def commit(self, context: Sequence[int]) -> None:
         """Index the tokens committed since the last call."""
