@@ -62,8 +62,13 @@ def children(tree: Tree) -> list[list[int]]:
     n = len(tree.tokens)
     if len(tree.parents) != n:
         raise ValueError(f"a tree has one parent per token: {n} tokens, {len(tree.parents)} parents")
-    kids: list[list[int]] = [[] for _ in range(n + 1)]
-    for i, parent in enumerate(tree.parents):
+    return children_of(tree.parents)
+
+
+def children_of(parents: Sequence[int]) -> list[list[int]]:
+    """:func:`children` from the parents alone (``parents[i] < i``, -1 for the root)."""
+    kids: list[list[int]] = [[] for _ in range(len(parents) + 1)]
+    for i, parent in enumerate(parents):
         if not -1 <= parent < i:
             raise ValueError(f"node {i}'s parent must be an earlier node or -1 (the root), got {parent}")
         kids[parent + 1].append(i)

@@ -33,7 +33,7 @@ from edgespec.drafters.controller_sim import H200_PROFILE
 from edgespec.drafters.lookup import LookupDrafter
 from edgespec.drafters.suffix_cache import MIN_PROB, SuffixCache
 from edgespec.drafters.tree import best_tree, from_occurrences
-from edgespec.models.tree_kv import tree_order
+from edgespec.models.tree_kv import depths, tree_order
 from edgespec.tree_verify import verify_tree_greedy
 
 DATA = Path(__file__).resolve().parent / "data" / "agent_traces.json"
@@ -103,7 +103,7 @@ def replay(prompt: list[int], output: list[int], source: Source, policy: str, ro
         elif policy in ("tree", "tree, kept in place") and room > 0:
             found = source.continuations(context, room)
             tree = best_tree(from_occurrences(found, room, MIN_PROB), room).tree
-            depth = _depths(tree.parents)
+            depth = depths(tree.parents)
             # The target's argmax after each node: the recorded token at that depth where the node's path is the
             # recorded text (elsewhere it is never read: the walk only descends along the recorded text).
             top = [target[0]] + [target[depth[k]] if depth[k] < len(target) else -1 for k in range(len(tree.tokens))]
@@ -121,13 +121,6 @@ def replay(prompt: list[int], output: list[int], source: Source, policy: str, ro
         i += accepted + 1
         rounds += 1
     return rounds
-
-
-def _depths(parents: Sequence[int]) -> list[int]:
-    depth = []
-    for p in parents:
-        depth.append(1 if p < 0 else depth[p] + 1)
-    return depth
 
 
 def seconds(traces: list[dict], policy: str, rows: int, source: str) -> float:

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from itertools import accumulate
 from typing import NamedTuple
 
-from edgespec.tree_verify import Tree
+from edgespec.tree_verify import Tree, children_of
 
 
 class Branch(NamedTuple):
@@ -78,11 +78,7 @@ def trie(continuations: Sequence[tuple[Sequence[int], Sequence[float]]]) -> list
 def best_tree(branches: Sequence[Branch], rows: int) -> Drafted:
     """The ``rows`` worthiest nodes of a candidate trie (``branches``: parents before children), best first, as a
     :class:`~edgespec.tree_verify.Tree` (a node's parent is an earlier node) with their worths."""
-    kids: list[list[int]] = [[] for _ in range(len(branches) + 1)]
-    for i, b in enumerate(branches):
-        if not -1 <= b.parent < i:
-            raise ValueError(f"branch {i}'s parent must be an earlier branch or -1, got {b.parent}")
-        kids[b.parent + 1].append(i)
+    kids = children_of([b.parent for b in branches])
     # The frontier: candidates whose parent is taken, by worth (ties: the earlier branch, so parents come first).
     frontier = [(-branches[i].p, i, -1) for i in kids[0]]
     heapq.heapify(frontier)

@@ -62,21 +62,26 @@ from edgespec.models.llama_thread import runs_on_llama_thread
 from edgespec.models.readout import read_rows
 from edgespec.models.slot import MAX_ROWS
 from edgespec.sampling import LOGITS
+from edgespec.tree_verify import children_of
 
 
 def tree_order(parents: Sequence[int]) -> list[int]:
     """The nodes depth first, children in index order (``parents[i]``: node ``i``'s parent, -1 for a child of the
     pending token, always < ``i``): the order of their cells."""
-    children: list[list[int]] = [[] for _ in range(len(parents) + 1)]  # [-1]: the pending token's
-    for i, p in enumerate(parents):
-        if not -1 <= p < i:
-            raise ValueError(f"node {i}'s parent must be -1 or an earlier node, got {p}")
-        children[p].append(i)
-    order, stack = [], children[-1][::-1]
+    kids = children_of(parents)  # kids[node + 1]; kids[0]: the pending token's
+    order, stack = [], kids[0][::-1]
     while stack:
         order.append(node := stack.pop())
-        stack.extend(children[node][::-1])
+        stack.extend(kids[node + 1][::-1])
     return order
+
+
+def depths(parents: Sequence[int]) -> list[int]:
+    """Each node's depth: 1 for a child of the pending token (``parents[i] < i``)."""
+    depth: list[int] = []
+    for p in parents:
+        depth.append(1 if p < 0 else depth[p] + 1)
+    return depth
 
 
 def tree_paths(parents: Sequence[int]) -> list[list[int]]:
@@ -126,9 +131,7 @@ def decode_tree(model: Model, pending: int, tokens: Sequence[int], parents: Sequ
     if llama_cpp.llama_memory_seq_pos_max(mem, 0) != n_past - 1:
         raise ValueError(f"sequence 0 does not hold the {n_past} tokens kv_tokens says")
 
-    depth, seqs = [0] * len(parents), [[] for _ in tokens]
-    for i, p in enumerate(parents):
-        depth[i] = 1 if p < 0 else depth[p] + 1
+    depth, seqs = depths(parents), [[] for _ in tokens]
     for b, path in enumerate(paths, start=1):
         for i in path:
             seqs[i].append(b)
