@@ -1,6 +1,7 @@
 # One command to set up and chat, one to set up and test. Both work on a fresh machine with python3 (>= 3.10),
 # a C/C++ compiler and cmake (llama-cpp-python builds from source: ~9 minutes on 2 cores for the CPU, then it is
-# kept in .whl/).
+# kept in ~/.cache/edgespec/wheels/, or $EDGESPEC_WHEELS, where a fresh clone finds it). Every build has llama.cpp's
+# RPC backend (--rpc, `edgespec rpc-server`); EDGESPEC_RPC=0 leaves it out.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 ES := $(VENV)/bin/edgespec

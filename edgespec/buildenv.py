@@ -10,14 +10,18 @@ library only and imports nothing of edgespec. What it looks at comes in through 
 - Metal on Apple silicon (and on an Intel Mac, where llama-cpp-python builds it in whatever it is told);
 - the CPU otherwise, with the reason;
 - ``EDGESPEC_BACKEND=cpu|cuda|metal|vulkan`` forces one; a ``CMAKE_ARGS`` the user set goes to the build untouched;
+- llama.cpp's RPC backend in every build (:data:`RPC_ARGS`: ``--rpc`` and ``edgespec rpc-server``), unless
+  ``EDGESPEC_RPC=0``;
 - on a CPU with AMX (a Xeon since Sapphire Rapids), without llama.cpp's AMX kernels (:data:`NO_AMX_ARGS`).
 
-The wheel is built with ``pip wheel`` into ``.whl/<key>/``, one folder per backend and CMake arguments, and reused
-from there. pip's own wheel cache keys a built wheel by the source it came from, not by ``CMAKE_ARGS``, so it
-would hand a CPU wheel to a CUDA build or the reverse: only the plain CPU build (no CMake arguments, the build
-``make setup`` always made) reads and fills it; every other build runs with ``--no-cache-dir --no-binary``, compiled
-from source. Every wheel is checked for its backend's library (``libggml-cuda.so``, ...) before it is reused or
-installed. A GPU build that fails says so and the CPU one is installed instead.
+The wheel is built with ``pip wheel`` into ``<wheels>/<key>/``, one folder per backend and CMake arguments, and reused
+from there; ``<wheels>`` is ``$EDGESPEC_WHEELS``, else ``${XDG_CACHE_HOME:-~/.cache}/edgespec/wheels``, outside the
+checkout so that a fresh clone (CI's) reuses the build. pip's own wheel cache keys a built wheel by the source it came
+from, not by ``CMAKE_ARGS``, so it would hand a CPU wheel to a CUDA build or the reverse: only the plain CPU build (no
+CMake arguments: ``EDGESPEC_RPC=0`` on a machine without a GPU) reads and fills it; every other build runs with
+``--no-cache-dir --no-binary``, compiled from source. Every wheel is checked for its backend's library
+(``libggml-cuda.so``, ...), and for ``libggml-rpc`` when RPC was asked for, before it is reused or installed. A GPU
+build that fails says so and the CPU one is installed instead.
 
     python3 edgespec/buildenv.py                 # the choice and why (`make backend`); builds nothing
     python3 edgespec/buildenv.py --json          # the same as JSON
@@ -58,6 +62,11 @@ ROOT = Path(__file__).resolve().parent.parent
 # over -march=native whatever the order. (A build that has them anyway: Model turns weight repacking off.)
 NO_AMX_ARGS = "-DCMAKE_C_FLAGS=-mno-amx-int8 -DCMAKE_CXX_FLAGS=-mno-amx-int8"
 NO_AMX_REASON = "this CPU has AMX: built without llama.cpp's AMX kernels, which crash on batches of K-quant weights"
+# llama.cpp's RPC backend: a few hundred kilobytes of client and server code in every build, so that a model can put
+# layers on another machine's `edgespec rpc-server` (--rpc) without a rebuild.
+RPC_ARGS = "-DGGML_RPC=ON"
+RPC_REASON = "with llama.cpp's RPC backend, for --rpc and `edgespec rpc-server` (EDGESPEC_RPC=0 leaves it out)"
+_RPC_ON = re.compile(r"-DGGML_RPC=(ON|1|TRUE|YES)\b", re.I)
 # The library each GPU backend adds to the wheel (llama_cpp/lib/libggml-cuda.so, ...): how a built or cached wheel
 # is checked for the backend it was built with. Every wheel carries every backend's header (include/ggml-cuda.h).
 _BACKEND_LIBS = {"cuda": "ggml-cuda", "metal": "ggml-metal", "vulkan": "ggml-vulkan"}
@@ -232,13 +241,26 @@ def _without_amx(choice: Choice) -> Choice:
                    reasons=(*choice.reasons, NO_AMX_REASON))  # fmt: skip
 
 
+def wants_rpc(cmake_args: str) -> bool:
+    """Whether a build's CMake arguments turn llama.cpp's RPC backend on."""
+    return bool(_RPC_ON.search(cmake_args))
+
+
+def _with_rpc(choice: Choice) -> Choice:
+    return replace(choice, cmake_args=f"{choice.cmake_args} {RPC_ARGS}".strip(), reasons=(*choice.reasons, RPC_REASON))
+
+
 def choose(m: Machine | None = None) -> Choice:
     """The build for this machine, and the reasons. Raises ValueError for an EDGESPEC_BACKEND it does not know."""
     m = m or Machine()
     choice = _choose(m)
     # A user's CMAKE_ARGS go to the build untouched; Metal is a Mac's, and no Mac has AMX.
-    if choice.forced_by != "CMAKE_ARGS" and choice.backend != "metal" and native_has_amx(m):
-        return _without_amx(choice)
+    if choice.forced_by == "CMAKE_ARGS":
+        return choice
+    if (m.env.get("EDGESPEC_RPC") or "").strip().lower() not in ("0", "off", "no", "false"):
+        choice = _with_rpc(choice)
+    if choice.backend != "metal" and native_has_amx(m):
+        choice = _without_amx(choice)
     return choice
 
 
@@ -247,6 +269,8 @@ def _choose(m: Machine) -> Choice:
     user_args = (m.env.get("CMAKE_ARGS") or "").strip()
     if user_args:
         reasons = ["CMAKE_ARGS is set: passed to the build untouched"]
+        if not wants_rpc(user_args):
+            reasons.append(f"no {RPC_ARGS} in them: without llama.cpp's RPC backend (--rpc)")
         if forced:
             reasons.append(f"EDGESPEC_BACKEND={forced} is ignored while CMAKE_ARGS is set")
         return Choice(_named_in(user_args), user_args, tuple(reasons), "CMAKE_ARGS")
@@ -288,6 +312,8 @@ def _cuda_choice(cuda: Cuda, reasons: list[str], forced_by: str | None) -> Choic
 
 def cpu_fallback(failed: Choice) -> Choice:
     fallback = Choice("cpu", CPU_ARGS, (f"the {failed.backend} build failed",))
+    if wants_rpc(failed.cmake_args):
+        fallback = _with_rpc(fallback)
     return _without_amx(fallback) if NO_AMX_ARGS in failed.cmake_args else fallback
 
 
@@ -302,11 +328,25 @@ def pinned_version(pyproject: Path = ROOT / "pyproject.toml") -> str:
     return found.group(1)
 
 
-def wheel_backends(wheel: Path) -> set[str]:
-    """The GPU backends a llama-cpp-python wheel carries libraries for (empty: a CPU build)."""
+def default_wheel_root(env: Mapping[str, str] | None = None) -> Path:
+    """Where built wheels are kept: ``$EDGESPEC_WHEELS``, else ``${XDG_CACHE_HOME:-~/.cache}/edgespec/wheels``."""
+    env = os.environ if env is None else env
+    if env.get("EDGESPEC_WHEELS"):
+        return Path(env["EDGESPEC_WHEELS"]).expanduser()
+    cache = Path(env["XDG_CACHE_HOME"]).expanduser() if env.get("XDG_CACHE_HOME") else Path.home() / ".cache"
+    return cache / "edgespec" / "wheels"
+
+
+def wheel_libraries(wheel: Path) -> set[str]:
+    """The ggml libraries a llama-cpp-python wheel carries ("ggml-cpu", "ggml-cuda", "ggml-rpc", ...)."""
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
-    libs = {m.group(1) for m in map(_SHARED_LIB.fullmatch, (os.path.basename(n) for n in names)) if m}
+    return {m.group(1) for m in map(_SHARED_LIB.fullmatch, (os.path.basename(n) for n in names)) if m}
+
+
+def wheel_backends(wheel: Path) -> set[str]:
+    """The GPU backends a llama-cpp-python wheel carries libraries for (empty: a CPU build)."""
+    libs = wheel_libraries(wheel)
     return {backend for backend, lib in _BACKEND_LIBS.items() if lib in libs}
 
 
@@ -332,7 +372,7 @@ def _pip(args: list[str], env: Mapping[str, str]) -> int:
 class Builder:
     """Builds (or reuses) the wheel for a choice and installs it; ``pip`` is replaceable for tests."""
 
-    wheel_root: Path = ROOT / ".whl"
+    wheel_root: Path = field(default_factory=default_wheel_root)
     version: str = field(default_factory=pinned_version)
     python_tag: str = f"cp{sys.version_info.major}{sys.version_info.minor}"
     system: str = field(default_factory=platform.system)
@@ -345,7 +385,7 @@ class Builder:
         folder = self.wheel_root / choice.key
         found = find_wheel(folder, self.version, self.python_tag)
         if found is not None and self._holds(found, choice):
-            self.say(f"reusing {found.relative_to(self.wheel_root.parent)}")
+            self.say(f"reusing {found}")
             return found
         if found is not None:
             found.unlink()
@@ -370,21 +410,31 @@ class Builder:
                     if built is not None and self._holds(built, choice):
                         return built
             if built is not None:
-                self.say(f"the {choice.backend} build produced no {_BACKEND_LIBS.get(choice.backend, '?')} library")
+                self.say(f"the {choice.backend} build produced no {' or '.join(self._needs(choice)) or 'usable'} "
+                         "library")  # fmt: skip
                 built.unlink()
         return None
 
+    @staticmethod
+    def _needs(choice: Choice) -> list[str]:
+        """The libraries a wheel built for ``choice`` must carry."""
+        needs = [_BACKEND_LIBS[choice.backend]] if choice.backend in _BACKEND_LIBS else []
+        return needs + (["ggml-rpc"] if wants_rpc(choice.cmake_args) else [])
+
     def _holds(self, wheel: Path, choice: Choice) -> bool:
-        """Whether ``wheel`` was built for ``choice``: its backend's library and no other GPU backend's (a Mac's
-        wheels all carry Metal)."""
+        """Whether ``wheel`` was built for ``choice``: its backend's library (and RPC's, when asked for) and no other
+        GPU backend's (a Mac's wheels all carry Metal)."""
         try:
-            carried = wheel_backends(wheel)
+            libs = wheel_libraries(wheel)
         except (OSError, zipfile.BadZipFile):
+            return False
+        if not set(self._needs(choice)) <= libs:
             return False
         if choice.backend == "custom":
             return True
+        carried = {backend for backend, lib in _BACKEND_LIBS.items() if lib in libs}
         allowed = {choice.backend} | ({"metal"} if self.system == "Darwin" else set())
-        return not carried - allowed and (choice.backend not in _BACKEND_LIBS or choice.backend in carried)
+        return not carried - allowed
 
     def install(self, choice: Choice, m: Machine) -> Choice | None:
         """Build or reuse the wheel for ``choice`` and install it (``--force-reinstall --no-deps``: the package's
@@ -426,7 +476,7 @@ def main(argv: Sequence[str] | None = None, m: Machine | None = None) -> int:
         print(f"edgespec: {exc}", file=sys.stderr)
         return 2
     if opts.command == "install":
-        return 0 if Builder(system=m.system).install(choice, m) is not None else 1
+        return 0 if Builder(wheel_root=default_wheel_root(m.env), system=m.system).install(choice, m) is not None else 1
     if opts.key:
         print(choice.key)
     elif opts.json:
@@ -436,8 +486,9 @@ def main(argv: Sequence[str] | None = None, m: Machine | None = None) -> int:
         for reason in choice.reasons:
             print(f"  - {reason}")
         print(f"  CMAKE_ARGS: {shlex.quote(choice.cmake_args) if choice.cmake_args else '(none)'}")
-        wheel = find_wheel(ROOT / ".whl" / choice.key, pinned_version(), Builder.python_tag)
-        print(f"  wheel: {wheel.relative_to(ROOT) if wheel else f'.whl/{choice.key}/ (built by `make setup`)'}")
+        folder = default_wheel_root(m.env) / choice.key
+        wheel = find_wheel(folder, pinned_version(), Builder.python_tag)
+        print(f"  wheel: {wheel or f'{folder}/ (built by `make setup`)'}")
     return 0
 
 

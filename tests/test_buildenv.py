@@ -27,7 +27,11 @@ def fake_machine(
     smi: tuple[int, str] | None = None,  # what nvidia-smi --query-gpu answers
     smi_list: tuple[int, str] = (0, ""),  # what nvidia-smi -L answers
     native: str | None = None,  # what `cc -march=native -dM -E` prints (None: no compiler)
+    rpc: bool = False,  # the default build's RPC backend; off here so that the tests of detection read plainly
 ) -> Machine:
+    env = dict(env or {})
+    if not rpc:
+        env.setdefault("EDGESPEC_RPC", "0")
     path = dict(path or {})
     if smi is not None:
         path.setdefault("nvidia-smi", "/usr/bin/nvidia-smi")
@@ -46,7 +50,7 @@ def fake_machine(
         return smi
 
     return Machine(
-        env=dict(env or {}),
+        env=env,
         system=system,
         arch=arch,
         which=path.get,
@@ -88,6 +92,29 @@ def test_a_gpu_build_on_an_amx_host_leaves_them_out_too_and_so_does_its_cpu_fall
     assert choice.cmake_args.endswith(buildenv.NO_AMX_ARGS)
     assert buildenv.cpu_fallback(choice).cmake_args == buildenv.NO_AMX_ARGS
     assert buildenv.cpu_fallback(CUDA).cmake_args == ""
+
+
+def test_every_build_has_llama_cpps_rpc_backend_unless_asked_not_to() -> None:
+    rpc = buildenv.RPC_ARGS
+    cpu = choose(fake_machine(rpc=True))
+    assert (cpu.backend, cpu.cmake_args) == ("cpu", rpc) and cpu.key != "cpu"  # never the cached plain build
+    assert buildenv.RPC_REASON in cpu.reasons and "EDGESPEC_RPC=0" in cpu.line
+    cuda = choose(fake_machine(path={"nvcc": "/usr/bin/nvcc"}, smi=GPU_3090, rpc=True))
+    assert cuda.cmake_args == f"-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=86 {rpc}"
+    assert choose(fake_machine(system="Darwin", arch="arm64", rpc=True)).cmake_args == f"-DGGML_METAL=on {rpc}"
+    assert choose(fake_machine(native=AMX_CPU, rpc=True)).cmake_args == f"{rpc} {buildenv.NO_AMX_ARGS}"
+    for off in ("0", "off", "NO"):
+        plain = choose(fake_machine(env={"EDGESPEC_RPC": off}, rpc=True))
+        assert (plain.cmake_args, plain.key) == ("", "cpu")
+    assert buildenv.cpu_fallback(cuda).cmake_args == rpc  # a failed GPU build's fallback keeps it
+
+
+def test_a_users_cmake_args_are_not_given_rpc_and_the_reasons_say_so() -> None:
+    mine = choose(fake_machine(env={"CMAKE_ARGS": "-DGGML_VULKAN=on"}, rpc=True))
+    assert mine.cmake_args == "-DGGML_VULKAN=on"
+    assert any("without llama.cpp's RPC backend" in r for r in mine.reasons)
+    theirs = choose(fake_machine(env={"CMAKE_ARGS": "-DGGML_VULKAN=on -DGGML_RPC=on"}, rpc=True))
+    assert not any("RPC" in r for r in theirs.reasons) and buildenv.wants_rpc(theirs.cmake_args)
 
 
 def test_a_users_cmake_args_stay_untouched_on_an_amx_host() -> None:
@@ -217,8 +244,9 @@ def _wheel(folder: Path, libs: Sequence[str]) -> Path:
 class FakePip:
     """Records pip's invocations; ``pip wheel`` succeeds or fails per backend, leaving a wheel with its libraries."""
 
-    def __init__(self, fails: Sequence[str] = (), cached: Sequence[str] = ()) -> None:
+    def __init__(self, fails: Sequence[str] = (), cached: Sequence[str] = (), no_rpc: bool = False) -> None:
         self.calls: list[tuple[list[str], dict[str, str]]] = []
+        self.no_rpc = no_rpc  # a build asked for RPC that leaves its library out
         self.fails = set(fails)
         self.cached = list(cached)  # libraries of a wheel pip's cache holds for the plain build
 
@@ -233,6 +261,8 @@ class FakePip:
         folder = Path(args[args.index("--wheel-dir") + 1])
         libs = self.cached if "--no-cache-dir" not in args and self.cached else ([f"libggml-{backend}.so"]
                                                                                   if backend != "cpu" else [])
+        if "GGML_RPC=ON" in cmake and not self.no_rpc:
+            libs = [*libs, "libggml-rpc.so"]
         _wheel(folder, libs)
         return 0
 
@@ -305,6 +335,35 @@ def test_a_cpu_wheel_left_in_a_gpu_folder_is_not_reused(tmp_path: Path) -> None:
     pip = FakePip()
     assert _builder(tmp_path, pip).install(CUDA, fake_machine()) == CUDA
     assert len(pip.wheels()) == 1
+
+
+RPC_CPU = Choice("cpu", buildenv.RPC_ARGS, ("test",))
+
+
+def test_an_rpc_build_is_checked_for_the_rpc_library(tmp_path: Path) -> None:
+    _wheel(tmp_path / ".whl" / RPC_CPU.key, [])  # a wheel left there without libggml-rpc: not reused
+    pip = FakePip()
+    assert _builder(tmp_path, pip).install(RPC_CPU, fake_machine()) == RPC_CPU
+    (wheel,) = pip.wheels()
+    assert "--no-cache-dir" in wheel  # pip's cache keys by source, not by -DGGML_RPC
+    assert "ggml-rpc" in buildenv.wheel_libraries(next((tmp_path / ".whl" / RPC_CPU.key).glob("*.whl")))
+    said: list[str] = []
+    builder = _builder(tmp_path / "other", FakePip(no_rpc=True))
+    builder.say = said.append
+    assert builder.install(RPC_CPU, fake_machine()) is None
+    assert any("produced no ggml-rpc library" in line for line in said)
+
+
+def test_wheels_are_kept_outside_the_checkout_so_a_fresh_clone_reuses_them(tmp_path: Path) -> None:
+    assert buildenv.default_wheel_root({"EDGESPEC_WHEELS": str(tmp_path)}) == tmp_path
+    assert buildenv.default_wheel_root({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "edgespec" / "wheels"
+    assert buildenv.default_wheel_root({}) == Path.home() / ".cache" / "edgespec" / "wheels"
+    assert Builder(version="0.3.36").wheel_root == buildenv.default_wheel_root()
+    out = subprocess.run(
+        [sys.executable, "-I", str(ROOT / "edgespec" / "buildenv.py")], capture_output=True, text=True, check=True,
+        env={"PATH": "/nonexistent", "EDGESPEC_WHEELS": str(tmp_path)},
+    )  # fmt: skip
+    assert f"wheel: {tmp_path}/cpu-" in out.stdout and "-DGGML_RPC=ON" in out.stdout
 
 
 def test_only_wheels_this_python_installs_are_reused(tmp_path: Path) -> None:
