@@ -60,7 +60,7 @@ def _info(model: Model, name: str) -> ModelInfo:
         description=model.description,
         n_ctx=model.n_ctx,
         n_gpu_layers=model.n_gpu_layers,
-        on_gpu=model.n_gpu_layers != 0 and gpu_offload_supported(),
+        on_gpu=model.n_gpu_layers != 0 and (gpu_offload_supported() or bool(model.rpc)),
         placement=model.placement,
         bit_exact=model.bit_exact,
         n_params=model.n_params,
@@ -331,6 +331,8 @@ def load(
     suffix_cache: str = "global",
     suffix_cache_tokens: int = DEFAULT_MAX_TOKENS,
     suffix_cache_path: str | Path | None = None,
+    rpc: str | Sequence[str] | None = None,
+    rpc_draft: bool = False,
 ) -> Runtime:
     """Resolve, check and load a target (and optional draft) model.
 
@@ -353,10 +355,20 @@ def load(
     (``"key"``), or none (``"off"``); ``suffix_cache_tokens`` bounds it. ``suffix_cache_path``: a file it starts
     from and is saved to at :meth:`Runtime.close`, so that a restarted process starts warm (a damaged file, or one
     of another vocabulary, is reported and the cache starts empty).
+    ``rpc``: RPC servers (``"host:port"``, several comma-separated or as a list) that take the target's offloaded
+    layers before this machine's GPUs (``edgespec rpc-server`` there): with ``n_gpu_layers`` None, as many as fit
+    their free memory and the GPUs'. Each server is probed first: one that cannot be reached, or speaks another
+    protocol version, is a :class:`~edgespec.models.rpc.RemoteError` naming it. The draft stays on this machine
+    (a draft step across the network loses its point) unless ``rpc_draft``.
     """
     if not 1 <= parallel <= MAX_PARALLEL:
         raise InvalidParameterError(f"parallel must be 1..{MAX_PARALLEL}, got {parallel}")
     check_suffix_cache(suffix_cache, suffix_cache_tokens)  # before any model loads
+    from edgespec.models.rpc import parse_endpoints, probe_all
+
+    servers = parse_endpoints(rpc)
+    if rpc_draft and not servers:
+        raise InvalidParameterError("rpc_draft places the draft on the RPC servers: name them with rpc")
     from edgespec.models.gguf import preflight
     from edgespec.models.registry import resolve_model
     from edgespec.models.vocab import check_vocab_compatible
@@ -382,14 +394,22 @@ def load(
     def stage(name: str) -> Callable[[float], None] | None:
         return (lambda f: progress(name, f)) if progress is not None else None
 
-    if n_gpu_layers is None:
+    # The servers' devices (probed, before any weights load), their memory offered to the target's layers.
+    remote_free = sum(d.free for d in probe_all(servers))
+    if n_gpu_layers is None and servers and not rpc_draft:
+        # The target on the servers and the GPUs here; the draft on the GPUs here alone.
+        n_gpu_layers = auto_gpu_layers([(target_path, n_ctx * parallel)], extra_free=remote_free)[0]
+        if n_gpu_layers_draft is None and draft_path is not None:
+            n_gpu_layers_draft = auto_gpu_layers([(draft_path, n_ctx * parallel)])[0]
+    elif n_gpu_layers is None:
         # Both placed together, the target first; a draft given explicitly keeps its own setting.
-        fitted = auto_gpu_layers([(p, n_ctx * parallel) for p in (target_path, draft_path) if p is not None])
+        paths = [p for p in (target_path, draft_path) if p is not None]
+        fitted = auto_gpu_layers([(p, n_ctx * parallel) for p in paths], extra_free=remote_free)
         n_gpu_layers = fitted[0]
         if n_gpu_layers_draft is None:
             n_gpu_layers_draft = fitted[-1]
     elif n_gpu_layers_draft is None:
-        n_gpu_layers_draft = n_gpu_layers
+        n_gpu_layers_draft = n_gpu_layers if not servers or rpc_draft else 0
     target_model = Model(
         target_path,
         n_ctx=n_ctx,
@@ -397,6 +417,7 @@ def load(
         n_threads=n_threads,
         bit_exact=bit_exact,
         n_seq=parallel,
+        rpc=servers,
         progress=stage("target"),
     )
     draft_model = None
@@ -409,6 +430,7 @@ def load(
                 n_gpu_layers=n_gpu_layers_draft,
                 n_threads=n_threads,
                 n_seq=parallel,
+                rpc=servers if rpc_draft else (),
                 progress=stage("draft"),
             )
         engine = Engine(

@@ -148,6 +148,8 @@ def setup_key(*models: Any) -> str:
             f"{path.resolve() if stat else path}|{stat.st_size if stat else 0}|{int(stat.st_mtime) if stat else 0}"
             f"|threads={getattr(m, 'n_threads', '?')}|ngl={getattr(m, 'n_gpu_layers', 0)}"
             f"|bit_exact={getattr(m, 'bit_exact', False)}"
+            # Layers on RPC servers cost a round trip per decode: each set of servers is a setup of its own.
+            + (f"|rpc={','.join(m.rpc)}" if getattr(m, "rpc", ()) else "")
         )
     return " ".join(parts)
 

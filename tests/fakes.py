@@ -46,6 +46,7 @@ class FakeModel:
         self.name = f"fake-{seed}"
         self.path = self.name
         self.n_gpu_layers = 0
+        self.rpc: tuple[str, ...] = ()  # no layers on an RPC server
         self.delay = delay  # seconds each decode sleeps (releasing the GIL, as llama_decode does)
         self.description = f"fake {n_vocab}-token model"
         self.placement = "CPU"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from edgespec.calibrate import CostCache, Costs
+from edgespec.calibrate import CostCache, Costs, key_models, setup_key
 
 COSTS = Costs(verify={1: 0.01, 2: 0.018}, draft={"model": 0.006}, catchup={"model": 0.004})
 KEY = "machine model setup"
@@ -187,3 +187,14 @@ def test_tests_keep_their_costs_out_of_the_users_cache(tmp_path: Path, monkeypat
     assert cost_cache_path() == tmp_path / ".costs.json"
     monkeypatch.delenv("EDGESPEC_STATE")
     assert cost_cache_path() == model_cache_dir() / ".costs.json"
+
+
+def test_a_model_on_rpc_servers_is_a_setup_of_its_own(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    weights = tmp_path / "m.gguf"
+    weights.write_bytes(b"GGUF")
+    here = SimpleNamespace(path=weights, n_threads=2, n_gpu_layers=-1, bit_exact=False, rpc=())
+    keys = {setup_key(here)} | {setup_key(SimpleNamespace(**{**vars(here), "rpc": r})) for r in (("a:1",), ("b:2",))}
+    assert len(keys) == 3  # a round trip per decode: the costs of one set of servers are not another's
+    assert key_models(setup_key(SimpleNamespace(**{**vars(here), "rpc": ("a:1",)})))[0]["file"] == "m.gguf"

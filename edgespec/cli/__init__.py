@@ -12,6 +12,7 @@ from edgespec.cli.chat import chat
 from edgespec.cli.doctor import doctor
 from edgespec.cli.generate import generate
 from edgespec.cli.models import models
+from edgespec.cli.rpc_server import rpc_server
 from edgespec.cli.serve import serve
 
 
@@ -32,9 +33,10 @@ def main(verbose: bool) -> None:
     Measure: edgespec bench --tasks code-edit --max-tokens 64
     Serve:   edgespec serve --port 8080             (an OpenAI-compatible API)
     Check:   edgespec doctor                 (the llama.cpp build, GPU offload plan, measured costs)
+    Split:   edgespec rpc-server (machine B), then --rpc B:50052 on A   (a model bigger than one machine)
     """
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(name)s: %(message)s")
 
 
-for command in (generate, chat, models, bench, serve, doctor):
+for command in (generate, chat, models, bench, serve, doctor, rpc_server):
     main.add_command(command)

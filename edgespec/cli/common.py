@@ -140,6 +140,15 @@ def model_options(f: Callable) -> Callable:
                 help="Stop a model draft when its top probability falls below this.",
             ),
             click.option("--bit-exact", is_flag=True, help=BIT_EXACT_HELP),
+            click.option(
+                "--rpc",
+                metavar="HOST:PORT[,...]",
+                default=None,
+                help="Put the target's offloaded layers on these RPC servers (`edgespec rpc-server` on each) before "
+                "this machine's GPUs: a model bigger than one machine. With -ngl auto, as many layers as fit their "
+                "memory. The draft stays here unless --rpc-draft.",
+            ),
+            click.option("--rpc-draft", is_flag=True, help="Place the draft model on the --rpc servers too."),
         ]
     ):
         f = decorator(f)
@@ -299,6 +308,8 @@ def load_options(opts: dict[str, Any]) -> dict[str, Any]:
         "lookup": opts["lookup"],
         "p_min": opts["p_min"],
         "bit_exact": opts["bit_exact"],
+        "rpc": opts["rpc"],
+        "rpc_draft": opts["rpc_draft"],
     }
 
 

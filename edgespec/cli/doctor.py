@@ -2,8 +2,9 @@
 
 The llama.cpp build (version, the backends compiled in, the devices and their free memory), the build `make setup`
 would choose here, the offload plan `-ngl auto` makes for the default pair, the thread count, and the decode costs
-the controller has measured and cached on this machine. Nothing is downloaded and no weights are loaded (the
-plan reads each model's shape from its header). Each section that cannot be gathered says why in a sentence; the
+the controller has measured and cached on this machine, and with ``--rpc`` the devices of RPC servers with their
+memory and round trip. Nothing is downloaded and no weights are loaded (the plan reads each model's shape from its
+header). Each section that cannot be gathered says why in a sentence; the
 rest of the report still prints.
 """
 
@@ -67,9 +68,12 @@ def build_section() -> dict[str, Any]:
     except PackageNotFoundError:
         package = "unknown"
     devices = backend.backend_devices()
+    from edgespec.models.rpc import rpc_supported
+
     return {
         "llama_cpp_python": package,
         "gpu_offload": backend.gpu_offload_supported(),
+        "rpc": rpc_supported(),
         "backends": backend.backend_names(),
         "devices": [
             {"name": d.name, "kind": d.kind, "description": d.description, "free_bytes": d.free, "total_bytes": d.total}
@@ -182,17 +186,42 @@ def costs_section(now: float | None = None) -> dict[str, Any]:
     return {"path": str(cache.path), "entries": out}
 
 
-def gather(n_ctx: int = 4096) -> dict[str, Any]:
+def remote_section(endpoints: list[str]) -> dict[str, Any]:
+    """Each RPC server's devices, memory and round trip, probed as a load would probe it; one that cannot be used
+    says why, beside the others."""
+    _import_backend()
+    from edgespec.models.rpc import RemoteError, probe
+
+    servers = []
+    for endpoint in endpoints:
+        try:
+            found = probe(endpoint)
+        except RemoteError as exc:
+            servers.append({"endpoint": endpoint, "error": str(exc)})
+            continue
+        servers.append({
+            "endpoint": endpoint,
+            "rtt_ms": None if not found or found[0].rtt is None else round(found[0].rtt * 1e3, 3),
+            "devices": [{"name": d.name, "description": d.description, "free_bytes": d.free, "total_bytes": d.total}
+                        for d in found],
+        })  # fmt: skip
+    return {"servers": servers}
+
+
+def gather(n_ctx: int = 4096, rpc: list[str] | None = None) -> dict[str, Any]:
     global _load_problem
     _load_problem = None
     build = _section(build_section)
-    return {
+    report = {
         "build": build,
         "setup": _section(setup_section, build),
         "offload": _section(offload_section, n_ctx),
         "threads": _section(threads_section),
         "costs": _section(costs_section),
     }
+    if rpc:
+        report["remote"] = _section(remote_section, rpc)
+    return report
 
 
 # ---------------------------------------------------------------------------------------------- text
@@ -223,7 +252,8 @@ def render(report: dict[str, Any]) -> list[str]:
     build = report["build"]
     if head("llama.cpp build", build):
         offload = "yes" if build["gpu_offload"] else "no (a CPU-only build)"
-        lines.append(f"  llama-cpp-python {build['llama_cpp_python']}; GPU offload: {offload}")
+        rpc = "yes" if build["rpc"] else "no (rebuild with `make setup` for --rpc)"
+        lines.append(f"  llama-cpp-python {build['llama_cpp_python']}; GPU offload: {offload}; RPC: {rpc}")
         lines.append(f"  backends compiled in: {', '.join(build['backends']) or 'none'}")
         for d in build["devices"]:
             about = ", ".join(x for x in (d["description"], d["kind"]) if x and x != d["name"])
@@ -266,6 +296,17 @@ def render(report: dict[str, Any]) -> list[str]:
             lines.append(f"  {names or 'a setup'} ({e['setup']}), measured {age}")
             lines.append(f"    verify ms by tokens: {verify}")
             lines.append(f"    draft step: {draft}")
+    remote = report.get("remote")
+    if remote is not None and head("RPC servers (--rpc)", remote):
+        for server in remote["servers"]:
+            if "error" in server:
+                lines.append(f"  {server['endpoint']}: {server['error']}")
+                continue
+            rtt = "" if server["rtt_ms"] is None else f", round trip {server['rtt_ms']:.2f} ms"
+            lines.append(f"  {server['endpoint']}: {len(server['devices'])} device(s){rtt}")
+            for d in server["devices"]:
+                lines.append(f"    {d['name']} ({d['description']}): {_gb(d['free_bytes'])} free of "
+                             f"{_gb(d['total_bytes'])}")  # fmt: skip
     return lines
 
 
@@ -274,11 +315,26 @@ def render(report: dict[str, Any]) -> list[str]:
 @click.option(
     "--n-ctx", default=4096, show_default=True, type=click.IntRange(min=16), help="Context the offload plan is for."
 )
-def doctor(as_json: bool, n_ctx: int) -> None:
+@click.option(
+    "--rpc",
+    metavar="HOST:PORT[,...]",
+    default=None,
+    help="Also probe these RPC servers (`edgespec rpc-server`): their devices, memory and round trip.",
+)
+def doctor(as_json: bool, n_ctx: int, rpc: str | None) -> None:
     """What edgespec can use here: the llama.cpp build and its devices, the build `make setup` would choose, the
-    offload plan for the default pair, threads, and the costs measured on this machine. Downloads and loads nothing.
+    offload plan for the default pair, threads, and the costs measured on this machine; with --rpc, the RPC
+    servers' devices. Downloads and loads nothing.
     """
-    report = gather(n_ctx)
+    from edgespec.cli.common import fail
+    from edgespec.errors import InvalidParameterError
+    from edgespec.models.rpc import parse_endpoints
+
+    try:
+        endpoints = parse_endpoints(rpc)
+    except InvalidParameterError as exc:
+        fail(str(exc))
+    report = gather(n_ctx, endpoints)
     if as_json:
         click.echo(json.dumps(report, indent=1))
     else:

@@ -35,6 +35,7 @@ from pathlib import Path
 import llama_cpp
 
 from edgespec.errors import ContextOverflowError, ModelError
+from edgespec.models import rpc as remote_devices
 from edgespec.models.batch import Batch
 from edgespec.models.devices import (  # noqa: F401  # re-exported: imported from here by api, cli and tests
     Device,
@@ -46,6 +47,7 @@ from edgespec.models.devices import (  # noqa: F401  # re-exported: imported fro
     default_threads,
     gpu_devices,
     gpu_offload_supported,
+    local_gpu_handles,
     model_shape,
     offload_needs,
     system_info,
@@ -63,6 +65,17 @@ from edgespec.sampling import LOGITS, Readout, Scores
 BIT_EXACT_MAX_ROWS = 7
 GGML_TYPE_BF16 = 30  # enum ggml_type
 FILLER_TOKEN = 0  # what a sequence in a gap decodes (and drops): any token will do
+
+
+def _devices_for(servers: Sequence[str]) -> list[int] | None:
+    """The devices a model loads onto: the RPC servers' and this machine's GPUs for a model placed remotely, this
+    machine's alone once the process has attached any server (llama.cpp's default list would put every model there),
+    else None (llama.cpp's default)."""
+    remote = remote_devices.attach(servers) if servers else []
+    if not remote and not remote_devices.any_attached():
+        return None
+    return remote + local_gpu_handles()
+
 
 def describe_model(llama_desc: str, n_params: int) -> str:
     """llama.cpp's "arch size quant" with the size from the parameter count. llama.cpp's size is a label for the
@@ -183,6 +196,9 @@ class Model:
     The GPU backends were not checked.
     ``tree_sequences``: sequence ids 1..tree_sequences reserved for the branches of a draft tree decoded in one batch
     (:mod:`edgespec.models.tree_kv`); only with ``n_seq`` 1. 0 (the default) changes nothing.
+    ``rpc``: RPC servers (``host:port``) whose devices take the offloaded layers, before this machine's GPUs
+    (:mod:`edgespec.models.rpc`). Without it, a model stays off every RPC server the process has attached, so a
+    draft beside a remote target stays local.
     """
 
     @runs_on_llama_thread  # loaded (and warmed up) on the thread every decode runs on
@@ -197,6 +213,7 @@ class Model:
         bit_exact: bool = False,
         n_seq: int = 1,
         tree_sequences: int = 0,
+        rpc: Sequence[str] = (),
         progress: LoadProgress | None = None,
     ) -> None:
         init_backend()
@@ -213,6 +230,7 @@ class Model:
         self.n_gpu_layers = n_gpu_layers
         self.n_threads = n_threads or default_threads()
         self.bit_exact = bit_exact
+        self.rpc = tuple(rpc)
         self._model = None
         self._ctx = None
         self._batch = None
@@ -220,6 +238,11 @@ class Model:
 
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = n_gpu_layers
+        devices = _devices_for(self.rpc)
+        if devices is not None:
+            # A NULL-terminated list, alive until the load returns (llama.cpp copies it).
+            device_list = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
+            model_params.devices = ctypes.cast(device_list, ctypes.c_void_p)
         # Repacked weights, unless bit-exact, or unless repacking would put them in llama.cpp's AMX buffers.
         model_params.use_extra_bufts = not bit_exact and not amx_kernels()
         if progress is not None:
@@ -313,9 +336,11 @@ class Model:
 
     @property
     def placement(self) -> str:
-        """Where the model runs: "CPU", or the GPU and how many of its layers are there."""
-        devices = gpu_devices() if self.n_gpu_layers != 0 else []
+        """Where the model runs: "CPU", or the GPU (or RPC server) and how many of its layers are there."""
         n_layer = int(llama_cpp.llama_model_n_layer(self._model))
+        if self.rpc:
+            return describe(self.n_gpu_layers, n_layer, ", ".join(self.rpc), kind="RPC server")
+        devices = gpu_devices() if self.n_gpu_layers != 0 else []
         return describe(self.n_gpu_layers, n_layer, devices[0].name if devices else None)
 
     @property
@@ -407,6 +432,8 @@ class Model:
         refused here first: more than :data:`MAX_ROWS` rows in all, a slot of another model, a sequence twice.
         Runs on the llama thread, whichever thread calls (see :mod:`edgespec.models.llama_thread`).
         """
+        if self.rpc:
+            remote_devices.check_alive()
         n_rows = 0
         seen: set[int] = set()
         for slot, tokens, rows, readout in parts:
@@ -512,6 +539,10 @@ class Model:
 
     # ----- lifetime ----------------------------------------------------------------------------------------
     def close(self) -> None:
+        if getattr(self, "rpc", ()) and remote_devices.lost():
+            # Freeing would ask the lost server to free its buffers and wait for an answer that never comes.
+            self._model = self._ctx = self._batch = None
+            return
         for slot in getattr(self, "slots", ()):
             slot._release_chain()
         if self._batch is not None:

@@ -20,9 +20,16 @@ from edgespec.models.offload import Need, plan_layers
 log = logging.getLogger("edgespec.models.devices")
 
 
+# Backends that are no GPU of this machine's: the CPU's own, a BLAS library's, and RPC servers' (llama.cpp counts a
+# build with the RPC backend as one that "supports GPU offload").
+_NOT_LOCAL_GPU = ("CPU", "BLAS", "RPC")
+
+
 def gpu_offload_supported() -> bool:
-    """Whether this llama-cpp-python build can offload layers (CUDA, Metal, Vulkan, ...)."""
-    return bool(llama_cpp.llama_supports_gpu_offload())
+    """Whether this llama-cpp-python build can offload layers to a GPU here (CUDA, Metal, Vulkan, ...)."""
+    return bool(llama_cpp.llama_supports_gpu_offload()) and any(
+        name not in _NOT_LOCAL_GPU for name in backend_names()
+    )
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,7 @@ class Device:
     total: int
     kind: str = "GPU"  # ggml's device type: "CPU", "GPU", "iGPU" or "ACCEL"
     description: str = ""
+    backend: str = ""  # the ggml backend it belongs to: "CUDA", "Metal", "RPC", ...
 
 
 _DEVICE_KINDS = {0: "CPU", 1: "GPU", 2: "iGPU", 3: "ACCEL"}  # enum ggml_backend_dev_type
@@ -55,6 +63,7 @@ def _ggml():
             ("ggml_backend_dev_name", ctypes.c_char_p, [ctypes.c_void_p]),
             ("ggml_backend_dev_description", ctypes.c_char_p, [ctypes.c_void_p]),
             ("ggml_backend_dev_memory", None, [ctypes.c_void_p, size_p, size_p]),
+            ("ggml_backend_dev_backend_reg", ctypes.c_void_p, [ctypes.c_void_p]),
         ):
             fn = getattr(libggml, name)
             fn.restype, fn.argtypes = restype, argtypes
@@ -79,6 +88,7 @@ def backend_devices() -> list[Device]:
         dev = ggml.ggml_backend_dev_get(i)
         free, total = ctypes.c_size_t(), ctypes.c_size_t()
         ggml.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        reg = ggml.ggml_backend_dev_backend_reg(dev)
         found.append(
             Device(
                 ggml.ggml_backend_dev_name(dev).decode(errors="replace"),
@@ -86,17 +96,34 @@ def backend_devices() -> list[Device]:
                 total.value,
                 _DEVICE_KINDS.get(ggml.ggml_backend_dev_type(dev), "?"),
                 (ggml.ggml_backend_dev_description(dev) or b"").decode(errors="replace"),
+                ggml.ggml_backend_reg_name(reg).decode(errors="replace") if reg else "",
             )
         )
     return found
 
 
 def gpu_devices() -> list[Device]:
-    """The GPUs llama.cpp can offload to, with their free memory (empty on a CPU-only build)."""
+    """This machine's GPUs llama.cpp can offload to, with their free memory (empty on a CPU-only build; an RPC
+    server's devices are not among them)."""
     init_backend()
     if not gpu_offload_supported():
         return []
-    return [d for d in backend_devices() if d.kind in ("GPU", "iGPU")]
+    return [d for d in backend_devices() if d.kind in ("GPU", "iGPU") and d.backend != "RPC"]
+
+
+def local_gpu_handles() -> list[int]:
+    """The ggml handles of the GPUs llama.cpp would give a model by default, less any RPC server's: the discrete
+    GPUs, else the integrated ones (as llama.cpp's own device selection)."""
+    init_backend()
+    ggml = _ggml()
+    by_kind: dict[str, list[int]] = {"GPU": [], "iGPU": []}
+    for i in range(ggml.ggml_backend_dev_count()):
+        dev = ggml.ggml_backend_dev_get(i)
+        reg = ggml.ggml_backend_dev_backend_reg(dev)
+        kind = _DEVICE_KINDS.get(ggml.ggml_backend_dev_type(dev), "?")
+        if kind in by_kind and not (reg and ggml.ggml_backend_reg_name(reg) == b"RPC"):
+            by_kind[kind].append(dev)
+    return by_kind["GPU"] or by_kind["iGPU"]
 
 
 def amx_kernels() -> bool:
@@ -165,12 +192,13 @@ def offload_needs(models: Sequence[tuple[str | os.PathLike, int]]) -> list[Need]
     return needs
 
 
-def auto_gpu_layers(models: Sequence[tuple[str | os.PathLike, int]]) -> list[int]:
-    """``n_gpu_layers`` for each ``(path, n_ctx)``, offloading what fits the GPUs' free memory (0 without a GPU)."""
-    devices = gpu_devices()
-    if not devices:
+def auto_gpu_layers(models: Sequence[tuple[str | os.PathLike, int]], extra_free: int = 0) -> list[int]:
+    """``n_gpu_layers`` for each ``(path, n_ctx)``, offloading what fits the GPUs' free memory (0 without a GPU);
+    ``extra_free``: more memory to offload to (RPC servers' devices)."""
+    free = sum(d.free for d in gpu_devices()) + extra_free
+    if not free:
         return [0] * len(models)
-    return plan_layers(sum(d.free for d in devices), offload_needs(models))
+    return plan_layers(free, offload_needs(models))
 
 
 def default_threads() -> int:

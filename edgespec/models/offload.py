@@ -47,14 +47,15 @@ def plan_layers(free_bytes: int, needs: list[Need]) -> list[int]:
     return plan
 
 
-def describe(n_gpu_layers: int, n_layer: int, device: str | None) -> str:
-    """Where a loaded model runs, for the load line, the TUI status line and the JSON stats."""
+def describe(n_gpu_layers: int, n_layer: int, device: str | None, kind: str = "GPU") -> str:
+    """Where a loaded model runs, for the load line, the TUI status line and the JSON stats (``kind``: "GPU", or
+    "RPC server" with the servers as ``device``)."""
     if device is None or n_gpu_layers == 0:
         return "CPU"
     on_gpu = n_layer + 1 if n_gpu_layers < 0 else min(n_gpu_layers, n_layer + 1)
     if on_gpu >= n_layer + 1:
-        return f"GPU ({device}, all {n_layer} layers)"
-    return f"GPU ({device}, {on_gpu} of {n_layer + 1} layers) + CPU"
+        return f"{kind} ({device}, all {n_layer} layers)"
+    return f"{kind} ({device}, {on_gpu} of {n_layer + 1} layers) + CPU"
 
 
 def available_memory() -> int | None:
