@@ -179,6 +179,56 @@ def test_a_model_on_an_rpc_server_writes_what_it_writes_here(tiny_model_path: Pa
     assert remote["placement"].startswith(f"RPC server ({endpoint}, all ") and remote["on_gpu"]
 
 
+READOUTS = """
+import json, sys
+from edgespec.models.backend import Model
+from edgespec.sampling import ARGMAX, Readout
+model = Model(sys.argv[1], n_ctx=256, n_gpu_layers=-1, n_threads=1, rpc=[sys.argv[2]])
+chosen, path = model.whole_rows, model.readout_path(ARGMAX)
+tokens = list(range(100, 108))
+out = {}
+for whole in (True, False):
+    model.whole_rows = whole
+    argmax = model.decode(tokens, range(8), ARGMAX)
+    top = model.decode([7], [0], Readout("top_k", k=5))  # the same candidates, in any order
+    out[whole] = [argmax, sorted(zip(top.ids[0], top.logits[0]))]
+    model.truncate(0)
+print(json.dumps({"whole_rows": chosen, "path": path, "same": out[True] == out[False]}))
+"""
+
+
+@contextlib.contextmanager
+def delayed(endpoint: str, one_way_ms: float) -> Iterator[str]:
+    """The benchmarks' latency proxy in front of ``endpoint``."""
+    port = _free_port()
+    proxy = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("delay_proxy.py")), "--listen", f"127.0.0.1:{port}",
+         "--to", endpoint, "--delay-ms", str(one_way_ms)],
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + SERVER_START_S
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            assert proxy.poll() is None and time.monotonic() < deadline, "the proxy did not open its port"
+            time.sleep(0.05)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proxy.kill()
+        proxy.wait(timeout=30)
+
+
+def test_over_a_slow_link_rows_come_back_whole_and_select_the_same_tokens(tiny_model_path: Path) -> None:
+    # llama.cpp's in-graph readout fetches each row from the server on its own: 8 rows, 8 round trips of 40 ms,
+    # where whole rows take one transfer. The load times both and keeps the cheaper.
+    with rpc_server() as (endpoint, _), delayed(endpoint, one_way_ms=20) as slow:
+        proc = _child(READOUTS, str(tiny_model_path), slow)
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert found["whole_rows"] and "faster than argmax in llama.cpp's graph over RPC" in found["path"]
+    assert found["same"]
+
+
 def test_generate_through_the_cli_names_an_unreachable_server(tiny_model_path: Path) -> None:
     dead = f"127.0.0.1:{_free_port()}"
     proc = subprocess.run(

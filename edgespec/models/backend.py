@@ -26,7 +26,9 @@ model's context, reads the model's llama.cpp handles, and decodes through the mo
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
+import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -58,13 +60,17 @@ from edgespec.models.microbatch import decode_passes, fill_gaps
 from edgespec.models.offload import describe
 from edgespec.models.readout import SequenceSampler, allocate, emulate, finish_candidates, read_rows
 from edgespec.models.slot import MAX_ROWS, Part, common_prefix, sync  # noqa: F401  # common_prefix: re-exported
-from edgespec.sampling import LOGITS, Readout, Scores
+from edgespec.sampling import ARGMAX, LOGITS, Readout, Scores
+
+log = logging.getLogger("edgespec.models.backend")
 
 # ggml-cpu runs K-quant matmuls of 8 rows or more through a tiled kernel (ggml_tiled_min_batch), which rounds
 # differently from the per-row dot products of smaller batches: a bit-exact verify stays below it.
 BIT_EXACT_MAX_ROWS = 7
 GGML_TYPE_BF16 = 30  # enum ggml_type
 FILLER_TOKEN = 0  # what a sequence in a gap decodes (and drops): any token will do
+READOUT_PROBE_ROWS = 8  # the width of the decodes that time a remote model's two readouts (a verify's order)
+READOUT_PROBE_REPEATS = 3
 
 
 def _devices_for(servers: Sequence[str]) -> list[int] | None:
@@ -170,6 +176,8 @@ class Slot:
                     f"rows {list(rows)} must be at most {MAX_ROWS} ascending indices into the {len(tokens)} tokens "
                     "decoded"
                 )
+            if model.whole_rows:
+                readout = LOGITS  # and selected from them here (decode)
             # A request's readout is one object: compared once per request. A refused one is emulated (decode).
             if readout is not self._sampler.readout and not (model._refused and readout in model._refused):
                 # may find that llama.cpp refuses it: then read whole rows and select here
@@ -235,6 +243,7 @@ class Model:
         self._ctx = None
         self._batch = None
         self._refused: set[Readout] = set()  # readouts llama.cpp could not run in its graph (emulated here)
+        self.whole_rows = False  # every readout read as whole rows and selected here (see _whole_rows_cheaper)
 
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = n_gpu_layers
@@ -321,7 +330,28 @@ class Model:
         first = self.vocab.bos if self.vocab.bos >= 0 else 0
         self.decode([first], [0])
         self.truncate(0)
+        if self.rpc:
+            self.whole_rows = self._whole_rows_cheaper()
         self.busy_seconds = 0.0
+
+    def _whole_rows_cheaper(self) -> bool:
+        """Whether this model, with layers on RPC servers, reads a verify's rows faster as whole logits rows than
+        through llama.cpp's in-graph samplers. The in-graph readout fetches each row's result from the server on
+        its own, a round trip a row; whole rows come in one transfer of n_vocab floats a row. Which costs less
+        depends on the link's latency against its bandwidth, so it is timed on it, alternating."""
+        first = self.vocab.bos if self.vocab.bos >= 0 else 0
+        tokens, rows = [first] * READOUT_PROBE_ROWS, range(READOUT_PROBE_ROWS)
+        seconds: dict[str, list[float]] = {"in_graph": [], "whole": []}
+        for _ in range(READOUT_PROBE_REPEATS):
+            for way, readout in (("in_graph", ARGMAX), ("whole", LOGITS)):
+                t0 = time.perf_counter()
+                self.decode(tokens, rows, readout)
+                seconds[way].append(time.perf_counter() - t0)
+                self.truncate(0)
+        in_graph, whole = (statistics.median(seconds[w]) for w in ("in_graph", "whole"))
+        log.info("%s: %d rows read in llama.cpp's graph %.1f ms, as whole rows %.1f ms", self.name,
+                 READOUT_PROBE_ROWS, in_graph * 1e3, whole * 1e3)  # fmt: skip
+        return whole < in_graph
 
     # ----- facts -------------------------------------------------------------------------------------------
     def meta(self, key: str) -> str | None:
@@ -451,8 +481,9 @@ class Model:
         listed = sorted([*enumerate(parts), *((None, f) for f in fillers)], key=lambda ip: ip[1][0].seq_id)
         order: list[int | None] = [i for i, _ in listed]
         parts = [part for _, part in listed]
-        # A readout llama.cpp refused to run in its graph is read as whole rows and selected here.
-        kinds = [LOGITS if readout in self._refused else readout for _, _, _, readout in parts]
+        # A readout llama.cpp refused to run in its graph (or one slower there, whole_rows) is read as whole rows and
+        # selected here.
+        kinds = [LOGITS if self.whole_rows or readout in self._refused else readout for _, _, _, readout in parts]
         outs = [allocate(kind, len(rows), self.n_vocab) for kind, (_, _, rows, _) in zip(kinds, parts, strict=True)]
         starts = [len(slot.kv_tokens) for slot, _, _, _ in parts]
         busy = 0.0  # inside llama_decode and llama.cpp's readout calls (filling the batch is Python's time)
@@ -529,6 +560,8 @@ class Model:
         """Where sampling for ``readout`` runs on this model (for the stats)."""
         if readout in self._refused:
             return f"{LOGITS.path} ({readout.kind} not supported in llama.cpp's graph here)"
+        if self.whole_rows and readout.kind != LOGITS.kind:
+            return f"{LOGITS.path} (faster than {readout.kind} in llama.cpp's graph over RPC, timed at load)"
         return readout.path
 
     def truncate(self, n_keep: int) -> None:
