@@ -4,8 +4,7 @@ The llama.cpp build (version, the backends compiled in, the devices and their fr
 would choose here, the offload plan `-ngl auto` makes for the default pair, the thread count, and the decode costs
 the controller has measured and cached on this machine, and with ``--rpc`` the devices of RPC servers with their
 memory and round trip. Nothing is downloaded and no weights are loaded (the plan reads each model's shape from its
-header). Each section that cannot be gathered says why in a sentence; the
-rest of the report still prints.
+header). Each section that cannot be gathered says why in a sentence; the rest of the report still prints.
 """
 
 from __future__ import annotations
