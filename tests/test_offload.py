@@ -67,3 +67,13 @@ def test_auto_plans_from_the_devices_free_memory(tiny_model_path, monkeypatch: p
     monkeypatch.setattr(machine, "gpu_devices", lambda: [machine.Device("GPU0", tight, 8 * GB)])
     target, draft = machine.auto_gpu_layers([(tiny_model_path, 4096), (tiny_model_path, 4096)])
     assert 0 < target < 30 and draft == 0
+
+
+@pytest.mark.real
+def test_rpc_servers_memory_counts_where_there_is_no_gpu(tiny_model_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(machine, "gpu_devices", lambda: [])  # a CPU machine: only the servers' memory
+    assert machine.auto_gpu_layers([(tiny_model_path, 4096)]) == [0]
+    assert machine.auto_gpu_layers([(tiny_model_path, 4096)], extra_free=8 * GB) == [-1]
+    tight = RESERVE_BYTES + tiny_model_path.stat().st_size // 2
+    (layers,) = machine.auto_gpu_layers([(tiny_model_path, 4096)], extra_free=tight)
+    assert 0 < layers < 30
