@@ -21,7 +21,7 @@ from edgespec.drafters.suffix_cache import DEFAULT_MAX_TOKENS, SuffixCache, Suff
 from edgespec.engine import ENGINE_SCOPE, MAX_PARALLEL, Engine
 from edgespec.errors import EdgespecError, InvalidParameterError
 from edgespec.events import Chunk, Event, Finished
-from edgespec.models.backend import Model, auto_gpu_layers, gpu_offload_supported
+from edgespec.models.backend import Model, auto_gpu_layers, auto_layers_beside_servers, gpu_offload_supported
 from edgespec.models.chat_template import render
 from edgespec.paths import cost_cache_path
 from edgespec.sampling import SamplingParams
@@ -398,9 +398,12 @@ def load(
     remote_free = sum(d.free for d in probe_all(servers))
     if n_gpu_layers is None and servers and not rpc_draft:
         # The target on the servers and the GPUs here; the draft on the GPUs here alone.
-        n_gpu_layers = auto_gpu_layers([(target_path, n_ctx * parallel)], extra_free=remote_free)[0]
-        if n_gpu_layers_draft is None and draft_path is not None:
-            n_gpu_layers_draft = auto_gpu_layers([(draft_path, n_ctx * parallel)])[0]
+        target_need, draft_need = (target_path, n_ctx * parallel), None
+        if draft_path is not None:
+            draft_need = (draft_path, n_ctx * parallel)
+        n_gpu_layers, fitted_draft = auto_layers_beside_servers(target_need, draft_need, remote_free)
+        if n_gpu_layers_draft is None:
+            n_gpu_layers_draft = fitted_draft
     elif n_gpu_layers is None:
         # Both placed together, the target first; a draft given explicitly keeps its own setting.
         paths = [p for p in (target_path, draft_path) if p is not None]

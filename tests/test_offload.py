@@ -77,3 +77,22 @@ def test_rpc_servers_memory_counts_where_there_is_no_gpu(tiny_model_path, monkey
     tight = RESERVE_BYTES + tiny_model_path.stat().st_size // 2
     (layers,) = machine.auto_gpu_layers([(tiny_model_path, 4096)], extra_free=tight)
     assert 0 < layers < 30
+
+
+@pytest.mark.real
+def test_a_draft_beside_servers_gets_what_the_targets_share_here_leaves(
+    tiny_model_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    whole = machine.offload_needs([(tiny_model_path, 4096)])[0]
+    size = whole.weights + whole.kv_bytes
+    pair = ((tiny_model_path, 4096), (tiny_model_path, 4096))
+    monkeypatch.setattr(machine, "gpu_devices", lambda: [])
+    assert machine.auto_layers_beside_servers(*pair, remote_free=8 * GB) == (-1, 0)  # no GPU here: the draft on the CPU
+    assert machine.auto_layers_beside_servers(pair[0], None, remote_free=8 * GB) == (-1, None)
+    # Room here for the draft and for the target's share, half its size (the servers have as much free as here).
+    here = RESERVE_BYTES + size // 2 + size + (1 << 20)
+    monkeypatch.setattr(machine, "gpu_devices", lambda: [machine.Device("GPU0", here, 8 * GB)])
+    assert machine.auto_layers_beside_servers(*pair, remote_free=here) == (-1, -1)
+    # The same GPU with servers offering next to nothing: the target's share here is nearly all of it.
+    _, draft = machine.auto_layers_beside_servers(*pair, remote_free=1 << 20)
+    assert 0 < draft < 30  # not all of it: the target took its share here first

@@ -44,6 +44,7 @@ from edgespec.models.devices import (  # noqa: F401  # re-exported: imported fro
     Shape,
     amx_kernels,
     auto_gpu_layers,
+    auto_layers_beside_servers,
     backend_devices,
     backend_names,
     default_threads,

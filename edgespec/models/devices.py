@@ -15,7 +15,7 @@ import llama_cpp
 
 from edgespec.errors import ModelError
 from edgespec.models.llama_init import init_backend
-from edgespec.models.offload import Need, plan_layers
+from edgespec.models.offload import ALL_LAYERS, Need, plan_layers
 
 log = logging.getLogger("edgespec.models.devices")
 
@@ -199,6 +199,25 @@ def auto_gpu_layers(models: Sequence[tuple[str | os.PathLike, int]], extra_free:
     if not free:
         return [0] * len(models)
     return plan_layers(free, offload_needs(models))
+
+
+def auto_layers_beside_servers(
+    target: tuple[str | os.PathLike, int], draft: tuple[str | os.PathLike, int] | None, remote_free: int
+) -> tuple[int, int | None]:
+    """``n_gpu_layers`` for a target on RPC servers (``remote_free`` bytes) and this machine's GPUs, and for a draft
+    on this machine's GPUs alone. llama.cpp splits the target's offloaded layers across its devices by their free
+    memory, so the draft gets what this machine's share of the target leaves."""
+    local = sum(d.free for d in gpu_devices())
+    needs = offload_needs([target] + ([draft] if draft is not None else []))
+    (n_target,) = plan_layers(local + remote_free, needs[:1]) if local + remote_free else (0,)
+    if draft is None:
+        return n_target, None
+    if not local:
+        return n_target, 0
+    need = needs[0]
+    on_devices = need.weights + need.kv_bytes if n_target == ALL_LAYERS else n_target * need.per_layer
+    (n_draft,) = plan_layers(int(local - on_devices * local / (local + remote_free)), needs[1:])
+    return n_target, n_draft
 
 
 def default_threads() -> int:
