@@ -364,7 +364,7 @@ def load(
     if not 1 <= parallel <= MAX_PARALLEL:
         raise InvalidParameterError(f"parallel must be 1..{MAX_PARALLEL}, got {parallel}")
     check_suffix_cache(suffix_cache, suffix_cache_tokens)  # before any model loads
-    from edgespec.models.rpc import parse_endpoints, probe_all
+    from edgespec.models.rpc import attached, parse_endpoints
 
     servers = parse_endpoints(rpc)
     if rpc_draft and not servers:
@@ -394,8 +394,8 @@ def load(
     def stage(name: str) -> Callable[[float], None] | None:
         return (lambda f: progress(name, f)) if progress is not None else None
 
-    # The servers' devices (probed, before any weights load), their memory offered to the target's layers.
-    remote_free = sum(d.free for d in probe_all(servers))
+    # The servers' devices (probed and attached before any weights load), their memory offered to the target's layers.
+    remote_free = sum(d.free for d in attached(servers))
     if n_gpu_layers is None and servers and not rpc_draft:
         # The target on the servers and the GPUs here; the draft on the GPUs here alone.
         target_need, draft_need = (target_path, n_ctx * parallel), None

@@ -18,9 +18,9 @@ The llama.cpp layer: this module, with :mod:`~edgespec.models.llama_init` (proce
 :mod:`~edgespec.models.batch` (the token batch), are the only modules that import llama_cpp. The device functions
 are re-exported here, where callers import them.
 
-:class:`Model` and :class:`Slot` stay in this one module, a little over 500 lines: a slot is a sequence of its
-model's context, reads the model's llama.cpp handles, and decodes through the model's one decode path
-(:meth:`Model.decode_batch`).
+:class:`Model` and :class:`Slot` stay in this one module, under 600 lines: a slot is a sequence of its model's
+context, reads the model's llama.cpp handles, and decodes through the model's one decode path
+(:meth:`Model.decode_batch`), and a model on RPC servers chooses its readout by timing that path.
 """
 
 from __future__ import annotations
@@ -50,7 +50,6 @@ from edgespec.models.devices import (  # noqa: F401  # re-exported: imported fro
     default_threads,
     gpu_devices,
     gpu_offload_supported,
-    local_gpu_handles,
     model_shape,
     offload_needs,
     system_info,
@@ -72,16 +71,6 @@ GGML_TYPE_BF16 = 30  # enum ggml_type
 FILLER_TOKEN = 0  # what a sequence in a gap decodes (and drops): any token will do
 READOUT_PROBE_ROWS = 8  # the width of the decodes that time a remote model's two readouts (a verify's order)
 READOUT_PROBE_REPEATS = 3
-
-
-def _devices_for(servers: Sequence[str]) -> list[int] | None:
-    """The devices a model loads onto: the RPC servers' and this machine's GPUs for a model placed remotely, this
-    machine's alone once the process has attached any server (llama.cpp's default list would put every model there),
-    else None (llama.cpp's default)."""
-    remote = remote_devices.attach(servers) if servers else []
-    if not remote and not remote_devices.any_attached():
-        return None
-    return remote + local_gpu_handles()
 
 
 def describe_model(llama_desc: str, n_params: int) -> str:
@@ -248,7 +237,7 @@ class Model:
 
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = n_gpu_layers
-        devices = _devices_for(self.rpc)
+        devices = remote_devices.model_devices(self.rpc)
         if devices is not None:
             # A NULL-terminated list, alive until the load returns (llama.cpp copies it).
             device_list = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)

@@ -46,35 +46,42 @@ _DEVICE_KINDS = {0: "CPU", 1: "GPU", 2: "iGPU", 3: "ACCEL"}  # enum ggml_backend
 _libggml = None
 
 
-def _ggml():
-    """llama-cpp-python's handle on libggml, with the backend registry and device calls it does not bind."""
+def libggml():
+    """llama-cpp-python's handle on libggml, with the backend registry and device calls it does not bind (those of
+    this module, and of :mod:`edgespec.models.rpc`)."""
     global _libggml
     if _libggml is None:
-        from llama_cpp._ggml import libggml
+        from llama_cpp._ggml import libggml as lib
 
-        size_p = ctypes.POINTER(ctypes.c_size_t)
+        vp, size_p = ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)
         for name, restype, argtypes in (
             ("ggml_backend_reg_count", ctypes.c_size_t, []),
-            ("ggml_backend_reg_get", ctypes.c_void_p, [ctypes.c_size_t]),
-            ("ggml_backend_reg_name", ctypes.c_char_p, [ctypes.c_void_p]),
+            ("ggml_backend_reg_get", vp, [ctypes.c_size_t]),
+            ("ggml_backend_reg_by_name", vp, [ctypes.c_char_p]),
+            ("ggml_backend_reg_name", ctypes.c_char_p, [vp]),
+            ("ggml_backend_reg_get_proc_address", vp, [vp, ctypes.c_char_p]),
+            ("ggml_backend_register", None, [vp]),
+            ("ggml_backend_reg_dev_count", ctypes.c_size_t, [vp]),
+            ("ggml_backend_reg_dev_get", vp, [vp, ctypes.c_size_t]),
             ("ggml_backend_dev_count", ctypes.c_size_t, []),
-            ("ggml_backend_dev_get", ctypes.c_void_p, [ctypes.c_size_t]),
-            ("ggml_backend_dev_type", ctypes.c_int, [ctypes.c_void_p]),
-            ("ggml_backend_dev_name", ctypes.c_char_p, [ctypes.c_void_p]),
-            ("ggml_backend_dev_description", ctypes.c_char_p, [ctypes.c_void_p]),
-            ("ggml_backend_dev_memory", None, [ctypes.c_void_p, size_p, size_p]),
-            ("ggml_backend_dev_backend_reg", ctypes.c_void_p, [ctypes.c_void_p]),
+            ("ggml_backend_dev_get", vp, [ctypes.c_size_t]),
+            ("ggml_backend_dev_by_type", vp, [ctypes.c_int]),
+            ("ggml_backend_dev_type", ctypes.c_int, [vp]),
+            ("ggml_backend_dev_name", ctypes.c_char_p, [vp]),
+            ("ggml_backend_dev_description", ctypes.c_char_p, [vp]),
+            ("ggml_backend_dev_memory", None, [vp, size_p, size_p]),
+            ("ggml_backend_dev_backend_reg", vp, [vp]),
         ):
-            fn = getattr(libggml, name)
+            fn = getattr(lib, name)
             fn.restype, fn.argtypes = restype, argtypes
-        _libggml = libggml
+        _libggml = lib
     return _libggml
 
 
 def backend_names() -> list[str]:
     """The ggml backends this llama.cpp build has compiled in ("CPU", "CUDA", "Metal", ...)."""
     init_backend()
-    ggml = _ggml()
+    ggml = libggml()
     return [ggml.ggml_backend_reg_name(ggml.ggml_backend_reg_get(i)).decode(errors="replace")
             for i in range(ggml.ggml_backend_reg_count())]  # fmt: skip
 
@@ -82,7 +89,7 @@ def backend_names() -> list[str]:
 def backend_devices() -> list[Device]:
     """Every device ggml can run on (the CPU included), with its free memory."""
     init_backend()
-    ggml = _ggml()
+    ggml = libggml()
     found = []
     for i in range(ggml.ggml_backend_dev_count()):
         dev = ggml.ggml_backend_dev_get(i)
@@ -115,7 +122,7 @@ def local_gpu_handles() -> list[int]:
     """The ggml handles of the GPUs llama.cpp would give a model by default, less any RPC server's: the discrete
     GPUs, else the integrated ones (as llama.cpp's own device selection)."""
     init_backend()
-    ggml = _ggml()
+    ggml = libggml()
     by_kind: dict[str, list[int]] = {"GPU": [], "iGPU": []}
     for i in range(ggml.ggml_backend_dev_count()):
         dev = ggml.ggml_backend_dev_get(i)

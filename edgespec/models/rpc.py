@@ -139,13 +139,6 @@ def probe(endpoint: str, timeout: float = PROBE_SECONDS) -> list[RemoteDevice]:
         raise RemoteError(f"the RPC server at {endpoint} gave an answer this build cannot read") from None
 
 
-def probe_all(endpoints: Sequence[str]) -> list[RemoteDevice]:
-    """The devices of every server at ``endpoints``: as probed when this process attached it, else probed now."""
-    with _attached.lock:
-        known = dict(_attached.devices)
-    return [d for e in endpoints for d in (known[e] if e in known else probe(e))]
-
-
 def _why(stderr: str) -> str:
     """The reason in a probe child's output: ggml's abort message, made plain where it is a known one."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
@@ -217,10 +210,24 @@ def attach(endpoints: Sequence[str]) -> list[int]:
         return handles
 
 
-def attached() -> list[RemoteDevice]:
-    """The remote devices this process uses, as probed when each server was attached."""
+def attached(endpoints: Sequence[str]) -> list[RemoteDevice]:
+    """The devices of the servers at ``endpoints``, as probed when each was attached (attaching it now if not yet:
+    a load reads their memory before placing any layers, and a server is probed once)."""
+    attach(endpoints)
     with _attached.lock:
-        return [d for devices in _attached.devices.values() for d in devices]
+        return [d for e in endpoints for d in _attached.devices[e]]
+
+
+def model_devices(servers: Sequence[str]) -> list[int] | None:
+    """The devices a model loads onto: the RPC servers' and this machine's GPUs for a model placed remotely, this
+    machine's alone once the process has attached any server (llama.cpp's default list would put every model there),
+    else None (llama.cpp's default)."""
+    from edgespec.models.devices import local_gpu_handles
+
+    remote = attach(servers) if servers else []
+    if not remote and not any_attached():
+        return None
+    return remote + local_gpu_handles()
 
 
 def any_attached() -> bool:
@@ -252,7 +259,9 @@ def _install_abort_hook() -> None:
     global _abort_hook
     if _abort_hook is None:
         _abort_hook = _ABORT_CALLBACK(_on_abort)
-        _ggml().ggml_set_abort_callback(_abort_hook)
+        set_callback = _ggml().ggml_set_abort_callback
+        set_callback.restype, set_callback.argtypes = ctypes.c_void_p, [_ABORT_CALLBACK]
+        set_callback(_abort_hook)
 
 
 def _on_abort(message: bytes) -> None:
@@ -324,36 +333,12 @@ _START_SERVER = ctypes.CFUNCTYPE(
     None, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)
 )
 _ABORT_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
-_libggml = None
 
 
 def _ggml():
-    global _libggml
-    if _libggml is None:
-        from llama_cpp._ggml import libggml
+    from edgespec.models.devices import libggml
 
-        vp, size_p = ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)
-        for name, restype, argtypes in (
-            ("ggml_backend_reg_by_name", vp, [ctypes.c_char_p]),
-            ("ggml_backend_reg_get_proc_address", vp, [vp, ctypes.c_char_p]),
-            ("ggml_backend_reg_name", ctypes.c_char_p, [vp]),
-            ("ggml_backend_register", None, [vp]),
-            ("ggml_backend_reg_dev_count", ctypes.c_size_t, [vp]),
-            ("ggml_backend_reg_dev_get", vp, [vp, ctypes.c_size_t]),
-            ("ggml_backend_dev_backend_reg", vp, [vp]),
-            ("ggml_backend_dev_count", ctypes.c_size_t, []),
-            ("ggml_backend_dev_get", vp, [ctypes.c_size_t]),
-            ("ggml_backend_dev_by_type", vp, [ctypes.c_int]),
-            ("ggml_backend_dev_type", ctypes.c_int, [vp]),
-            ("ggml_backend_dev_name", ctypes.c_char_p, [vp]),
-            ("ggml_backend_dev_description", ctypes.c_char_p, [vp]),
-            ("ggml_backend_dev_memory", None, [vp, size_p, size_p]),
-            ("ggml_set_abort_callback", vp, [_ABORT_CALLBACK]),
-        ):
-            fn = getattr(libggml, name)
-            fn.restype, fn.argtypes = restype, argtypes
-        _libggml = libggml
-    return _libggml
+    return libggml()
 
 
 def _rpc_reg() -> int:
