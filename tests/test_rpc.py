@@ -44,6 +44,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _wait_for_port(port: int, proc: subprocess.Popen, what: str) -> None:
+    """Until ``proc`` accepts on the loopback ``port``, bounded by SERVER_START_S."""
+    deadline = time.monotonic() + SERVER_START_S
+    while True:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            return
+        assert proc.poll() is None, f"{what} exited: {proc.stdout.read() if proc.stdout else ''}"
+        assert time.monotonic() < deadline, f"{what} did not open its port"
+        time.sleep(0.05)
+
+
 @contextlib.contextmanager
 def rpc_server(*extra: str) -> Iterator[tuple[str, subprocess.Popen]]:
     """`edgespec rpc-server` on a free loopback port, one thread; killed on the way out."""
@@ -53,13 +64,7 @@ def rpc_server(*extra: str) -> Iterator[tuple[str, subprocess.Popen]]:
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + SERVER_START_S
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-            assert proc.poll() is None, f"the RPC server exited: {proc.stdout.read() if proc.stdout else ''}"
-            assert time.monotonic() < deadline, "the RPC server did not open its port"
-            time.sleep(0.05)
+        _wait_for_port(port, proc, "the RPC server")
         yield f"127.0.0.1:{port}", proc
     finally:
         proc.kill()
@@ -206,12 +211,7 @@ def delayed(endpoint: str, one_way_ms: float) -> Iterator[str]:
          "--to", endpoint, "--delay-ms", str(one_way_ms)],
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + SERVER_START_S
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-            assert proxy.poll() is None and time.monotonic() < deadline, "the proxy did not open its port"
-            time.sleep(0.05)
+        _wait_for_port(port, proxy, "the proxy")
         yield f"127.0.0.1:{port}"
     finally:
         proxy.kill()
