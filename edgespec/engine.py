@@ -11,6 +11,9 @@ leader/follower pattern), so one caller runs inline, as fast as a plain loop, an
 
 An engine may hold a suffix cache (:mod:`edgespec.drafters.suffix_cache`), shared by its lanes: each request of a
 scope drafts from the outputs of the earlier ones of that scope, and leaves its own there when it finishes.
+
+One class, a little over 500 lines: admitting, stepping and retiring requests all move the same lanes and queue
+under one condition variable, and the step's five phases are short functions of it.
 """
 
 from __future__ import annotations
