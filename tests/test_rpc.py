@@ -154,6 +154,13 @@ def test_doctor_lists_a_servers_devices_and_round_trip_and_says_why_one_cannot_b
     assert f"{endpoint}: 1 device(s), round trip" in text
 
 
+def test_a_build_without_rpc_asks_nothing_of_it_until_servers_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rpc, "rpc_supported", lambda: False)
+    assert rpc.attach([]) == [] and rpc.attached([]) == []  # a load without --rpc, as on any build
+    with pytest.raises(rpc.RemoteError, match="no RPC backend"):
+        rpc.attach(["127.0.0.1:1"])
+
+
 def test_rpc_draft_needs_servers() -> None:
     result = CliRunner().invoke(main, ["generate", "hi", "--rpc-draft", "-d", "none"])
     assert result.exit_code != 0 and "name them with rpc" in result.output

@@ -321,24 +321,23 @@ class Model:
         self.decode([first], [0])
         self.truncate(0)
         if self.rpc:
-            self.whole_rows = self._whole_rows_cheaper()
+            self.whole_rows = self._whole_rows_cheaper(first)
         self.busy_seconds = 0.0
 
-    def _whole_rows_cheaper(self) -> bool:
+    def _whole_rows_cheaper(self, token: int) -> bool:
         """Whether this model, with layers on RPC servers, reads a verify's rows faster as whole logits rows than
         through llama.cpp's in-graph samplers. The in-graph readout fetches each row's result from the server on
         its own, a round trip a row; whole rows come in one transfer of n_vocab floats a row. Which costs less
         depends on the link's latency against its bandwidth, so it is timed on it, alternating."""
-        first = self.vocab.bos if self.vocab.bos >= 0 else 0
-        tokens, rows = [first] * READOUT_PROBE_ROWS, range(READOUT_PROBE_ROWS)
-        seconds: dict[str, list[float]] = {"in_graph": [], "whole": []}
+        tokens, rows = [token] * READOUT_PROBE_ROWS, range(READOUT_PROBE_ROWS)
+        times: tuple[list[float], list[float]] = ([], [])  # in the graph, whole rows
         for _ in range(READOUT_PROBE_REPEATS):
-            for way, readout in (("in_graph", ARGMAX), ("whole", LOGITS)):
+            for seconds, readout in zip(times, (ARGMAX, LOGITS), strict=True):
                 t0 = time.perf_counter()
                 self.decode(tokens, rows, readout)
-                seconds[way].append(time.perf_counter() - t0)
+                seconds.append(time.perf_counter() - t0)
                 self.truncate(0)
-        in_graph, whole = (statistics.median(seconds[w]) for w in ("in_graph", "whole"))
+        in_graph, whole = (statistics.median(seconds) for seconds in times)
         log.info("%s: %d rows read in llama.cpp's graph %.1f ms, as whole rows %.1f ms", self.name,
                  READOUT_PROBE_ROWS, in_graph * 1e3, whole * 1e3)  # fmt: skip
         return whole < in_graph

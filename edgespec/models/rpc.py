@@ -193,6 +193,8 @@ _attached = _Attached()
 def attach(endpoints: Sequence[str]) -> list[int]:
     """The device handles of the servers at ``endpoints`` (for ``llama_model_params.devices``), each probed and then
     connected once per process. Raises :class:`RemoteError` naming a server that cannot be used."""
+    if not endpoints:
+        return []  # nothing asked of the RPC backend: a build without it loads as before
     _require_rpc()
     with _attached.lock:
         if _attached.lost is not None:
