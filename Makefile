@@ -14,7 +14,7 @@ BUILDENV := python3 -I edgespec/buildenv.py
 BACKEND_KEY := $(shell EDGESPEC_BACKEND='$(EDGESPEC_BACKEND)' CMAKE_ARGS='$(CMAKE_ARGS)' $(BUILDENV) --key 2>/dev/null \
 	|| echo unknown)
 
-.PHONY: setup backend models browser chat check test bench lint
+.PHONY: setup backend models browser chat check test bench lint llama-server
 
 setup: $(VENV)/.installed
 
@@ -68,3 +68,9 @@ test: setup models browser
 
 bench: setup models
 	$(ES) bench
+
+# llama.cpp's own server, built from the llama.cpp that the pinned llama-cpp-python vendors, for the same backend:
+# `edgespec bench --concurrency` runs it as a peer (plain, with the draft, with its n-gram drafting). ~10 minutes on
+# 2 cores, kept beside the wheels; a llama-server already on the PATH is used instead.
+llama-server: setup
+	$(PY) -m edgespec.llama_server_build
