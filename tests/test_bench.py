@@ -567,13 +567,50 @@ def test_load_bench_rounds_rotate_the_strategies(tiny_model_path: Path) -> None:
     ]  # fmt: skip
 
 
+@pytest.mark.real
+def test_each_load_run_of_auto_starts_with_an_empty_suffix_cache(tiny_model_path: Path, monkeypatch) -> None:
+    """auto's engine lives through a level, its suffix cache with it: emptied before each run, a class drafts from
+    its own earlier replies only, never from another class's or from an earlier round's replies to the same prompts."""
+    from edgespec.bench import load
+    from edgespec.drafters.suffix_cache import SuffixCache
+    from edgespec.models.backend import Model
+
+    caches: list[SuffixCache] = []
+    original_init, original_loop = SuffixCache.__init__, load.closed_loop
+
+    def tracked(self, *args, **kwargs):  # noqa: ANN001, ANN202
+        original_init(self, *args, **kwargs)
+        caches.append(self)
+
+    at_start: list[int] = []
+
+    def closed_loop(runner, jobs, clients, params):  # noqa: ANN001, ANN202
+        at_start.append(sum(c.tokens for c in caches))
+        return original_loop(runner, jobs, clients, params)
+
+    monkeypatch.setattr(SuffixCache, "__init__", tracked)
+    monkeypatch.setattr(load, "closed_loop", closed_loop)
+    tasks = load_tasks(["short-edit", "short-json"], source=SHORT)
+    params = SamplingParams(temperature=0, max_tokens=4)
+    with Model(tiny_model_path, n_ctx=1024, n_seq=1) as target:
+        records, _ = load.run_load_bench(
+            target, None, tasks, ["auto"], params, [1], lookup_len=4, peers=False, repeats=2
+        )
+    assert len(caches) == 1
+    timed = dict(zip(((r.task, r.round, r.strategy) for r in records), at_start[-len(records) :], strict=True))
+    assert [k for k in timed if k[2] == "auto"] and all(n == 0 for k, n in timed.items() if k[2] == "auto")
+    assert any(n > 0 for k, n in timed.items() if k[2] == "plain")  # it held replies between auto's runs
+
+
 FAKE_LLAMA_SERVER = '''
 import json, sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 args = sys.argv[1:]
 port = int(args[args.index("--port") + 1])
-drafting = "-md" in args
+with open(ARGV_LOG, "a") as log:
+    log.write(json.dumps(args) + "\\n")
+drafting = "-md" in args or "--spec-type" in args
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -606,8 +643,8 @@ ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
 @pytest.mark.real
 def test_llama_server_on_path_runs_as_a_peer_at_each_level(tiny_model_path: Path, tmp_path: Path, monkeypatch) -> None:
     """A stand-in for llama.cpp's server binary (it answers /health and streams /completion as llama-server does):
-    the bench starts it per level with -np N, with and without -md, and reads its stream and timings. With two rounds
-    the peers run in the first only, plain in both."""
+    the bench starts it per level with -np N, plain, with -md and with each n-gram --spec-type, and reads its stream
+    and timings. With two rounds the peers run in the first only, plain in both."""
     import stat
     import sys
 
@@ -615,7 +652,7 @@ def test_llama_server_on_path_runs_as_a_peer_at_each_level(tiny_model_path: Path
     from edgespec.models.backend import Model
 
     binary = tmp_path / "llama-server"
-    binary.write_text(f"#!{sys.executable}\n{FAKE_LLAMA_SERVER}")
+    binary.write_text(f"#!{sys.executable}\nARGV_LOG = {str(tmp_path / 'argv.jsonl')!r}\n{FAKE_LLAMA_SERVER}")
     binary.chmod(binary.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{tmp_path}:{__import__('os').environ['PATH']}")
     tasks = load_tasks(["short-edit"], source=SHORT)
@@ -624,13 +661,19 @@ def test_llama_server_on_path_runs_as_a_peer_at_each_level(tiny_model_path: Path
         records, notes = run_load_bench(target, draft, tasks, ["plain"], params, [2], lookup_len=4, repeats=2)
     assert notes == []
     assert sorted((r.round, r.strategy) for r in records) == [
-        (0, "llama-server"), (0, "llama-server-draft"), (0, "plain"), (1, "plain"),
+        (0, "llama-server"), (0, "llama-server-draft"), (0, "llama-server-ngram-cache"), (0, "llama-server-ngram-mod"),
+        (0, "plain"), (1, "plain"),
     ]  # fmt: skip
     by = {r.strategy: r for r in records}
-    assert set(by) == {"plain", "llama-server", "llama-server-draft"}
-    peer, drafting = by["llama-server"], by["llama-server-draft"]
+    peer = by["llama-server"]
     assert len(peer.requests) == 4 and all(q.generated == 6 and q.first is not None for q in peer.requests)
-    assert peer.acceptance is None and drafting.acceptance == pytest.approx(0.75)
+    assert peer.acceptance is None
+    for drafting in ("llama-server-draft", "llama-server-ngram-mod", "llama-server-ngram-cache"):
+        assert by[drafting].acceptance == pytest.approx(0.75)
+    # what each was started with, as the stand-in saw it
+    started = [json.loads(line) for line in (tmp_path / "argv.jsonl").read_text().splitlines()]
+    spec = sorted(a[a.index("--spec-type") + 1] for a in started if "--spec-type" in a)
+    assert spec == ["ngram-cache", "ngram-mod"] and sum("-md" in a for a in started) == 1
 
 
 @pytest.mark.real

@@ -20,14 +20,20 @@ not, and each of them would add a run per round and class.
 At levels above 1, ``auto-serial`` is auto with one lane, which the N clients share one request at a time: what a
 server without batching gives them (time to first token includes the wait).
 
-llama.cpp's own server is a peer when its binary is on PATH (``llama-server``): started per level with ``-np N``
-(continuous batching over a unified KV cache), plain and with the draft model (``-md``), fed the same prompt tokens
-through its ``/completion`` endpoint with prompt caching off. With ``serve``, ``edgespec serve`` is one too, on the
-same model files: ``--parallel N`` (auto), and at levels above 1 ``--parallel 1``, the server that takes one request
-at a time; fed through ``/v1/completions``, so the HTTP layer, its worker and its streaming are in the times.
+llama.cpp's own server is a peer when there is one (``llama-server`` on the PATH, else the one ``make llama-server``
+builds: :mod:`edgespec.llama_server_build`): started per level with ``-np N`` (continuous batching over a unified KV
+cache), plain, with the draft model (``-md``) and with each of its n-gram drafters (``--spec-type ngram-mod``, one
+hash pool every slot shares and keeps across requests, and ``ngram-cache``), fed the same prompt tokens through its
+``/completion`` endpoint with prompt caching off. A server runs the classes in order, as auto does: what its n-gram
+pool keeps from a class's earlier requests drafts the later ones, as auto's suffix cache does. With ``serve``,
+``edgespec serve`` is one too, on the same model files: ``--parallel N`` (auto), and at levels above 1
+``--parallel 1``, the server that takes one request at a time; fed through ``/v1/completions``, so the HTTP layer,
+its worker and its streaming are in the times.
 
 No run reuses a prompt's KV: the engines' requests are sent with ``cache_prompt=False``, the servers' too, so that a
-class's repeated prompts (its second wave) are prefilled again, as the first were.
+class's repeated prompts (its second wave) are prefilled again, as the first were. auto's suffix cache is emptied
+before each run: a class drafts from its own earlier replies only, never from another class's or from an earlier
+round's replies to the same prompts.
 
 Ratios are measured side by side in one run; nothing here asserts a time.
 """
@@ -35,7 +41,6 @@ Ratios are measured side by side in one run; nothing here asserts a time.
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import subprocess
 import sys
@@ -45,6 +50,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from edgespec import llama_server_build
 from edgespec.bench.strategies import WARMUP_TOKENS, engine_for, parse_strategies
 from edgespec.bench.tables import percentile
 from edgespec.bench.workloads import Task, prompt_job
@@ -57,8 +63,12 @@ if TYPE_CHECKING:
 
 LLAMA_SERVER = "llama-server"
 PEER_PLAIN, PEER_DRAFT = "llama-server", "llama-server-draft"
+# llama-server's n-gram drafters, by its --spec-type names
+NGRAM_TYPES = ("ngram-mod", "ngram-cache")
+PEER_NGRAM = {f"llama-server-{t}": t for t in NGRAM_TYPES}
+LLAMA_PEERS = (PEER_PLAIN, PEER_DRAFT, *PEER_NGRAM)
 SERVE, SERVE_SERIAL = "edgespec-serve", "edgespec-serve-1"  # edgespec serve --parallel N, and --parallel 1
-HTTP_PEERS = (PEER_PLAIN, PEER_DRAFT, SERVE, SERVE_SERIAL)
+HTTP_PEERS = (*LLAMA_PEERS, SERVE, SERVE_SERIAL)
 SERIAL = "auto-serial"  # auto on one lane: the requests wait for each other
 SERVER_START_SECONDS = 180.0  # loading both models on a slow machine
 REQUEST_SECONDS = 600.0
@@ -196,9 +206,9 @@ def run_load_bench(
     notes: list[str] = []
     # llama-server takes a JSON schema (its json_schema field), not llguidance's grammars (a tool call's)
     peerless = {t.name for t in tasks if any(p.tools is not None for p in t.prompts)}
-    binary = shutil.which(LLAMA_SERVER) if peers else None
+    binary = llama_server_build.find() if peers else None
     if peers and binary is None:
-        notes.append(f"{LLAMA_SERVER} is not on PATH: its peer rows are skipped")
+        notes.append(f"{LLAMA_SERVER} is not on PATH and not built (make llama-server): its peer rows are skipped")
     if binary is not None and any(p.json_schema is not None for t in tasks for p in t.prompts):
         notes.append(
             f"{LLAMA_SERVER} gets each JSON schema as its json_schema field: its grammar lets the model choose the "
@@ -215,8 +225,9 @@ def run_load_bench(
         if level > target.n_seq:
             raise EdgespecError(f"concurrency {level}: the models were loaded for {target.n_seq} sequences")
         runners: dict[str, Runner] = {}
+        engines: dict[str, Engine] = {}
         for name in names:
-            engine = engine_for(name, target, draft, lookup_len, p_min, parallel=level)
+            engines[name] = engine = engine_for(name, target, draft, lookup_len, p_min, parallel=level)
             runners[name] = engine_runner(engine)
         if level > 1 and "auto" in names:
             # What a server that takes one request at a time gives the same clients: they queue.
@@ -224,10 +235,12 @@ def run_load_bench(
         servers: list[HttpPeer] = []
         try:
             if binary is not None:
-                for name, with_draft in ((PEER_PLAIN, False), (PEER_DRAFT, True)):
-                    if with_draft and draft is None:
+                for name in LLAMA_PEERS:
+                    if name == PEER_DRAFT and draft is None:
                         continue
-                    server = LlamaServer(binary, target, draft if with_draft else None, level)
+                    server = LlamaServer(
+                        binary, target, draft if name == PEER_DRAFT else None, level, spec_type=PEER_NGRAM.get(name)
+                    )
                     servers.append(server)
                     runners[name] = server.runner()
             if serve:
@@ -238,7 +251,7 @@ def run_load_bench(
                     servers.append(server)
                     runners[name] = server.runner()
             for name, runner in runners.items():  # first calls pay one-off costs (and auto's calibration)
-                for job in warmups if name not in (PEER_PLAIN, PEER_DRAFT) else warmups[:1]:
+                for job in warmups if name not in LLAMA_PEERS else warmups[:1]:
                     _clear(target, draft)
                     closed_loop(runner, [job] * level, level, warm)
             for i, task in enumerate(tasks):
@@ -253,12 +266,14 @@ def run_load_bench(
                     turn = (i + round_) % len(names_now)
                     for name in names_now[turn:] + names_now[:turn]:
                         if task.name in peerless and name in HTTP_PEERS:
-                            server_name = LLAMA_SERVER if name in (PEER_PLAIN, PEER_DRAFT) else "edgespec serve"
+                            server_name = LLAMA_SERVER if name in LLAMA_PEERS else "edgespec serve"
                             note = f"{task.name}: {server_name} is not run (its tool-call prompts need a grammar)"
                             if note not in notes:
                                 notes.append(note)
                             continue
                         _clear(target, draft)
+                        if name in engines and engines[name].suffix_cache is not None:
+                            engines[name].suffix_cache.clear()
                         record = closed_loop(runners[name], jobs, level, params)
                         record.level, record.task, record.strategy, record.round = level, task.name, name, round_
                         records.append(record)
@@ -332,11 +347,14 @@ def _gpu_layers(model: Model) -> str:
 
 
 class LlamaServer(HttpPeer):
-    """llama.cpp's ``llama-server`` on the target (and draft) file with ``-np N``."""
+    """llama.cpp's ``llama-server`` on the target (and draft) file with ``-np N``; ``spec_type``: one of its n-gram
+    drafters (``--spec-type``), at its own defaults."""
 
     name = LLAMA_SERVER
 
-    def __init__(self, binary: str, target: Model, draft: Model | None, parallel: int) -> None:
+    def __init__(
+        self, binary: str, target: Model, draft: Model | None, parallel: int, spec_type: str | None = None
+    ) -> None:
         def args(port: int) -> list[str]:
             cmd = [
                 binary, "-m", str(target.path), "--host", "127.0.0.1", "--port", str(port),
@@ -345,6 +363,8 @@ class LlamaServer(HttpPeer):
             ]  # fmt: skip
             if draft is not None:
                 cmd += ["-md", str(draft.path), "-ngld", _gpu_layers(draft)]
+            if spec_type is not None:
+                cmd += ["--spec-type", spec_type]
             return cmd
 
         self._start(args)

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from edgespec.bench.load import default_levels, run_load_bench
+from edgespec.bench.load import LLAMA_PEERS, default_levels, run_load_bench
 from edgespec.bench.load_report import records_json, render_load_report
 from edgespec.bench.measure import RunRecord
 from edgespec.bench.probes import decode_costs, loop_costs, render_costs, render_loop_costs, width_change_cost
@@ -107,8 +107,9 @@ def _split(value: str | None) -> list[str]:
     default=None,
     help="Instead of one request at a time: for each level N, N clients send the suite's prompts at once (a "
     "closed loop per task class) to one engine per strategy with N lanes; prints total and per-request tok/s, "
-    "time to first token p50/p95 and acceptance per level, class and strategy, with llama-server -np N (plain "
-    "and with the draft) as a peer when it is on PATH. E.g. --concurrency 1,2,4.",
+    "time to first token p50/p95 and acceptance per level, class and strategy, with llama-server -np N (plain, "
+    "with the draft, and with its ngram-mod and ngram-cache drafting) as a peer when it is on PATH or built by "
+    "`make llama-server`. E.g. --concurrency 1,2,4.",
 )
 @click.option(
     "--serve",
@@ -216,7 +217,8 @@ def _concurrency(
         )
         levels = [n for n in levels if n <= target.n_seq]
     n_strategies = len(parse_strategies(strategies, has_draft=draft is not None))  # every round
-    once = (2 if peers else 0) * len(levels)  # the first round only: llama-server with and without the draft,
+    # the first round only: llama-server plain, with the draft and with each n-gram drafter,
+    once = ((len(LLAMA_PEERS) - (draft is None)) if peers else 0) * len(levels)
     once += sum(n > 1 for n in levels) if "auto" in strategies else 0  # auto-serial at levels above 1,
     if serve:  # edgespec serve --parallel N, and --parallel 1 at levels above 1
         once += len(levels) + sum(n > 1 for n in levels)
