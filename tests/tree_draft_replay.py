@@ -33,6 +33,9 @@ import numpy as np
 
 from edgespec.drafters.controller_sim import H200_PROFILE
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tree_replay import Clock  # noqa: E402  # the same decode pricing as the chain/tree replay of earlier occurrences
+
 DATA = Path(__file__).resolve().parent / "data"
 SWITCHES = (0.001, 0.0)  # as the GPU emulation prices a new graph, and free (the bound for a backend without graphs)
 GAMMAS = range(1, 9)
@@ -54,19 +57,12 @@ def ranks(draft, prompt: Sequence[int], output: Sequence[int], chunk: int = 64) 
     return out
 
 
-class Clock:
-    def __init__(self, per_row: float, switch: float) -> None:
-        self.scale, self.switch, self.seconds, self.last = per_row / H200_PROFILE.t_token, switch, 0.0, 1
-
-    def decode(self, rows: int) -> None:
-        self.seconds += self.scale * H200_PROFILE.verify(rows) + (self.switch if rows != self.last else 0.0)
-        self.last = rows
-
-
 def replay(all_ranks: list[list[int]], policy: str, shape: Sequence[int], switch: float) -> float:
     """Seconds of every reply under ``policy`` ("plain", "chain": ``shape`` = (1,) * γ, "tree", "tree, kept in place"),
     ``switch`` seconds added to a decode whose width differs from its model's last one."""
-    target, draft = Clock(H200_PROFILE.t_token, switch), Clock(H200_PROFILE.draft["model"], switch)
+    per_draft_row = H200_PROFILE.draft["model"] / H200_PROFILE.t_token  # the draft's decodes: the curve's shape, scaled
+    target = Clock(H200_PROFILE.verify, switch)
+    draft = Clock(lambda rows: per_draft_row * H200_PROFILE.verify(rows), switch)
     for r in all_ranks:
         i = 0
         while i < len(r):
