@@ -152,6 +152,8 @@ class Planner:
         token, which the verify rejects unless the target would write it there (a one-hot draft is verified
         exactly whatever it proposes). On a CPU, whose decode grows by most of a step per row, it does not pay."""
         curve_cost = self._curve()
+        if not any(g.lookup_proposal for g in live):
+            return  # no request has a proposal: its rows would be filler, which the forecasts give no chance
         controllers: list[Controller] = []
         for g in live:
             c = g.controller

@@ -483,8 +483,34 @@ def test_a_plain_plan_made_for_a_proposal_stands_for_proposals_no_firmer_and_no_
     alone.record_costs({b: 0.0018 * (1 + 0.5 * (b - 1)) for b in range(1, 40)}, {})  # a guess loses alone too
     first = alone.plan([5, 6, 7])
     assert first.drafter is None and alone.plan([8, 9]) is not first and alone.plans_reused == 0
-    empty = alone.plan([])  # nothing proposed: stands alone too
-    assert empty.drafter is None and alone.plan([]) is empty and alone.plans_reused == 1
+    again = alone.plan([5, 6, 7])
+    assert again.drafter is None and again is not first and alone.plans_reused == 0
+
+
+def test_with_lookup_alone_a_round_that_proposes_nothing_is_plain_without_weighing(monkeypatch):
+    """Lookup the only drafter and no proposal: plain decoding is the only option, so no plan is worked out (on a
+    GPU most rounds of text that copies little are such rounds, and a plan each is a share of the step); with a draft
+    model there is still a choice to weigh."""
+    load = Load(rows=3, tokens=3.0, seconds=0.0, room=60, sequences=3)
+    curve = {b: 0.0018 * (1 + 0.05 * (b - 1)) for b in range(1, 40)}
+    ctl = Controller(["lookup"], max_gamma=16, plan_budget=0.01)
+    ctl.record_costs(curve, {})
+
+    def never(*args, **kwargs):
+        raise AssertionError("weighed a round with nothing to draft")
+
+    monkeypatch.setattr(ctl, "_plan", never)
+    for _ in range(3):
+        plan = ctl.plan([], load)
+        assert plan.drafter is None and plan.gamma == 0
+        ctl.observe(plan, n_drafted=0, n_accepted=0, t_draft=0.0, t_verify=0.0018, committed=[1], record_verify=False)
+    with pytest.raises(AssertionError, match="weighed"):
+        ctl.plan([5, 6, 7], load)  # a proposal is weighed
+    both = Controller(["model", "lookup"], max_gamma=16, plan_budget=0.01)
+    both.record_costs(curve, {"model": 0.0002})
+    monkeypatch.setattr(both, "_plan", never)
+    with pytest.raises(AssertionError, match="weighed"):
+        both.plan([], load)  # the draft model can still draft
 
 
 def test_where_planning_is_cheap_beside_the_decode_every_round_is_planned(monkeypatch):
