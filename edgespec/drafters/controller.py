@@ -166,7 +166,6 @@ class Controller:
         # them says other things than lookup's agreement does (see docs/design.md).
         self._cache = LookupForecast(max_gamma, config.forecast) if cache and self._lookup is not None else None
         self._free = self._lookup  # the forecast of the free proposal this round's plan weighs (see offer)
-        self._only_free = self.drafters == (LOOKUP,)  # a round with no free proposal then has nothing to draft
         self._free_source = LOOKUP
         self._offered = False  # offer() was called for this round's plan
         self._last_rows = 1  # the rows this sequence put into the last decode (its width, for a lone sequence)
@@ -313,8 +312,8 @@ class Controller:
             self._lookup.offer(lookup, agreement, from_prompt)
             self._free, self._free_source = self._lookup, LOOKUP
         self._offered = False
-        if not lookup and self._only_free:
-            return NOTHING_TO_DRAFT  # no drafter has anything to weigh against plain decoding
+        if not lookup and self.drafters == (LOOKUP,):
+            return NOTHING_TO_DRAFT  # no free proposal and no other drafter: nothing to weigh against plain decoding
         offered = self._free.offered if self._free is not None else (-1, 0)
         source = self._free_source
         settled = self._settled
